@@ -1,0 +1,48 @@
+"""Credit-risk scorer: a logistic model over 128 features with fixed, seeded weights.
+
+scores = sigmoid(features . w + b); income_prob = sigmoid(features . v). Deterministic, so golden
+requests can pin its answers.
+"""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        rng = np.random.default_rng(20261202)
+        self.w = (rng.standard_normal(128) / np.sqrt(128)).astype(np.float32)
+        self.v = (rng.standard_normal(128) / np.sqrt(128)).astype(np.float32)
+        self.b = np.float32(-0.25)
+        json.loads(args["model_config"])  # fail at load time on a broken config
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "features").as_numpy()
+            if not np.all(np.isfinite(x)):
+                responses.append(
+                    pb_utils.InferenceResponse(
+                        error=pb_utils.TritonError(
+                            "features must be finite numbers", pb_utils.TritonError.INVALID_ARG
+                        )
+                    )
+                )
+                continue
+            scores = _sigmoid(x @ self.w + self.b).astype(np.float32).reshape(-1, 1)
+            income = _sigmoid(x @ self.v).astype(np.float32).reshape(-1, 1)
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor("scores", scores),
+                        pb_utils.Tensor("income_prob", income),
+                    ]
+                )
+            )
+        return responses

@@ -1,0 +1,27 @@
+"""Typed keys for the state every handler reads from the aiohttp application (no globals)."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+
+from sidecar.config import SidecarConfig
+from sidecar.healer import Healer
+from sidecar.lifecycle import Lifecycle
+from sidecar.metrics import SidecarMetrics
+from sidecar.probes import Prober, TritonWatch
+from sidecar.states import ModelStates
+from sidecar.triton import TritonClient
+
+CONFIG = web.AppKey("config", SidecarConfig)
+TRITON = web.AppKey("triton", TritonClient)
+METRICS = web.AppKey("metrics", SidecarMetrics)
+STATES = web.AppKey("states", ModelStates)
+PROBER = web.AppKey("prober", Prober)
+HEALER = web.AppKey("healer", Healer)
+WATCH = web.AppKey("watch", TritonWatch)
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+#: Golden cases by model name, loaded and validated once at start-up.
+GOLDEN = web.AppKey("golden", dict)
+#: One pooled HTTP session to Triton for proxied traffic and metrics scrapes.
+UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)

@@ -1,0 +1,421 @@
+"""The sidecar's one configuration tree: defaults, YAML file, environment overrides, JSON Schema check.
+
+Loaded and validated once at start-up (`load_config`); everything after that reads frozen dataclasses.
+A bad value stops the start with one line naming the file and key (`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+ENV_PREFIX = "SIDECAR_"
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message names the file or variable and the key."""
+
+
+@dataclass(frozen=True)
+class TritonSection:
+    #: Triton's HTTP endpoint inside the pod (loopback: its ports never leave the pod).
+    url: str = "http://127.0.0.1:8000"
+    #: Upper bound (s) on one metadata/repository call; probes have their own, shorter bound.
+    timeout_s: float = 5.0
+    #: Triton's metrics endpoint, re-exported on /metrics when `metrics.include_triton` is on.
+    metrics_url: str = "http://127.0.0.1:8002/metrics"
+    #: Header name Triton demands on the repository API (`--http-restricted-api`); "" = none.
+    repository_header: str = ""
+    #: Its value; pass it through SIDECAR_TRITON_REPOSITORY_TOKEN from a Secret, not the file.
+    repository_token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
+class ListenSection:
+    host: str = "0.0.0.0"  # noqa: S104 - the pod's one exposed port
+    port: int = 8080
+
+
+@dataclass(frozen=True)
+class ProbesSection:
+    #: Seconds between two probe rounds of one model. Detection time is about
+    #: interval_s * failure_threshold + timeout_s.
+    interval_s: float = 5.0
+    #: Bound (s) on each probe call; a hung model fails its probe after this, never blocks others.
+    timeout_s: float = 2.0
+    #: Consecutive failed rounds before a model is UNHEALTHY (fewer leave it DEGRADED).
+    failure_threshold: int = 3
+    #: Consecutive passed rounds before a DEGRADED model is HEALTHY again.
+    success_threshold: int = 1
+    #: Each wait is interval_s * (1 ± jitter) so models are not probed in lockstep.
+    jitter: float = 0.1
+
+
+@dataclass(frozen=True)
+class HealingSection:
+    enabled: bool = True
+    #: Heal attempts per episode before the model is FAILED (and /healthz fails).
+    max_attempts: int = 3
+    #: Wait (s) before the second attempt; doubled each time up to backoff_max_s.
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 30.0
+    #: Unload is asynchronous in Triton: how long (s) to poll until the model is really gone.
+    unload_timeout_s: float = 30.0
+    #: How long (s) a load may take until the model is ready; size it for the slowest model.
+    load_timeout_s: float = 120.0
+    #: Models healed at the same time; each reload competes for the pod's CPU and memory.
+    max_concurrent: int = 2
+    #: Flapping guard: more than flap_max_heals successful heals within flap_window_s means the
+    #: fault comes back whatever we do, so the model goes FAILED instead of reloading forever.
+    flap_window_s: float = 3600.0
+    flap_max_heals: int = 5
+
+
+@dataclass(frozen=True)
+class LivenessSection:
+    #: Triton unreachable or not live for longer than this (s) fails /healthz: a restart may fix it.
+    triton_unreachable_grace_s: float = 30.0
+    #: The probe loop not ticking for this long (s) fails /healthz: the sidecar itself is stuck.
+    watchdog_stall_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class LifecycleSection:
+    #: After SIGTERM, how long (s) to let in-flight requests and heals finish before exiting.
+    drain_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class ValidationSection:
+    #: Largest request body (bytes); refused with 413 while it streams in, never buffered whole.
+    max_body_bytes: int = 64 * 1024 * 1024
+    #: Largest number of tensor elements in one request, all inputs together.
+    max_elements: int = 4_000_000
+    #: Longest BYTES element (bytes).
+    max_bytes_element: int = 1024 * 1024
+    #: NaN and ±Inf in FP16/FP32/FP64 inputs are refused with 400.
+    reject_non_finite: bool = True
+    #: Model name -> JSON Schema file (Draft 2020-12) with business rules for its requests.
+    schemas: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FilterRule:
+    #: Regular expression matched against the whole model name.
+    model: str
+    #: Output names or regular expressions (whole-name match) that never leave the pod.
+    drop_outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FilteringSection:
+    rules: tuple[FilterRule, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProxySection:
+    #: Requests one model may have at Triton at once; more wait in the queue below.
+    max_in_flight_per_model: int = 64
+    #: Requests that may wait for a slot; past that the proxy answers 503 instead of piling up.
+    queue_size_per_model: int = 256
+    #: Bound (s) on one proxied request to Triton; past it the client gets 504.
+    upstream_timeout_s: float = 30.0
+    #: Bound (s) on opening a connection to Triton.
+    connect_timeout_s: float = 1.0
+    #: Hold requests to a healing model up to this long (s) instead of answering 503 at once.
+    hold_during_heal_s: float = 0.0
+    #: An answer with NaN/Inf where the golden expectations hold none becomes a 502.
+    block_non_finite_outputs: bool = True
+    #: Proxy Triton's statistics endpoints too (they reveal model names and load).
+    allow_statistics: bool = False
+    #: Consecutive 5xx answers from Triton for a model that trigger an immediate probe.
+    passive_failure_threshold: int = 3
+    #: Retry-After (s) sent with 503s for quarantined models.
+    retry_after_s: int = 5
+
+
+@dataclass(frozen=True)
+class MetricsSection:
+    #: Append Triton's own nv_* metrics to /metrics, so one scrape target serves both.
+    include_triton: bool = False
+    #: Bound (s) on fetching them at scrape time.
+    triton_timeout_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class LoggingSection:
+    #: json for machines (one object per line), console for people at a terminal.
+    format: str = "json"
+    level: str = "info"
+    #: Share of proxied requests written to the access log (errors are always logged).
+    access_log_sample_rate: float = 0.01
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    triton: TritonSection = field(default_factory=TritonSection)
+    listen: ListenSection = field(default_factory=ListenSection)
+    #: Directory of golden requests: <golden_dir>/<model>/<case>.json|yaml.
+    golden_dir: Path = Path("golden_requests")
+    #: Models to guard; empty means every model in Triton's repository index.
+    models: tuple[str, ...] = ()
+    probes: ProbesSection = field(default_factory=ProbesSection)
+    healing: HealingSection = field(default_factory=HealingSection)
+    liveness: LivenessSection = field(default_factory=LivenessSection)
+    lifecycle: LifecycleSection = field(default_factory=LifecycleSection)
+    validation: ValidationSection = field(default_factory=ValidationSection)
+    filtering: FilteringSection = field(default_factory=FilteringSection)
+    proxy: ProxySection = field(default_factory=ProxySection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+    #: Where the configuration came from, for messages ("defaults" when no file was given).
+    source: str = "defaults"
+
+
+def _num(minimum: float | None = None, exclusive_min: float | None = None,
+         maximum: float | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "number"}
+    if minimum is not None:
+        schema["minimum"] = minimum
+    if exclusive_min is not None:
+        schema["exclusiveMinimum"] = exclusive_min
+    if maximum is not None:
+        schema["maximum"] = maximum
+    return schema
+
+
+def _int(minimum: int, maximum: int | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "integer", "minimum": minimum}
+    if maximum is not None:
+        schema["maximum"] = maximum
+    return schema
+
+
+_BOOL = {"type": "boolean"}
+_STR = {"type": "string"}
+_POSITIVE = _num(exclusive_min=0)
+
+
+def _section(**properties: Any) -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False, "properties": properties}
+
+
+CONFIG_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "triton": _section(
+            url={"type": "string", "pattern": r"^https?://[^/\s]+/?$"},
+            timeout_s=_POSITIVE,
+            metrics_url={"type": "string", "pattern": r"^https?://\S+$"},
+            repository_header={"type": "string", "pattern": r"^[A-Za-z0-9-]*$"},
+            repository_token=_STR,
+        ),
+        "listen": _section(host={"type": "string", "minLength": 1}, port=_int(1, 65535)),
+        "golden_dir": {"type": "string", "minLength": 1},
+        "models": {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True},
+        "probes": _section(
+            interval_s=_POSITIVE,
+            timeout_s=_POSITIVE,
+            failure_threshold=_int(1),
+            success_threshold=_int(1),
+            jitter=_num(minimum=0, maximum=0.5),
+        ),
+        "healing": _section(
+            enabled=_BOOL,
+            max_attempts=_int(1),
+            backoff_initial_s=_num(minimum=0),
+            backoff_max_s=_num(minimum=0),
+            unload_timeout_s=_POSITIVE,
+            load_timeout_s=_POSITIVE,
+            max_concurrent=_int(1),
+            flap_window_s=_POSITIVE,
+            flap_max_heals=_int(1),
+        ),
+        "liveness": _section(triton_unreachable_grace_s=_num(minimum=0), watchdog_stall_s=_POSITIVE),
+        "lifecycle": _section(drain_s=_num(minimum=0)),
+        "validation": _section(
+            max_body_bytes=_int(1),
+            max_elements=_int(1),
+            max_bytes_element=_int(1),
+            reject_non_finite=_BOOL,
+            schemas={"type": "object", "additionalProperties": {"type": "string", "minLength": 1}},
+        ),
+        "filtering": _section(
+            rules={
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["model", "drop_outputs"],
+                    "properties": {
+                        "model": {"type": "string", "minLength": 1},
+                        "drop_outputs": {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {"type": "string", "minLength": 1},
+                        },
+                    },
+                },
+            }
+        ),
+        "proxy": _section(
+            max_in_flight_per_model=_int(1),
+            queue_size_per_model=_int(0),
+            upstream_timeout_s=_POSITIVE,
+            connect_timeout_s=_POSITIVE,
+            hold_during_heal_s=_num(minimum=0),
+            block_non_finite_outputs=_BOOL,
+            allow_statistics=_BOOL,
+            passive_failure_threshold=_int(1),
+            retry_after_s=_int(1),
+        ),
+        "metrics": _section(include_triton=_BOOL, triton_timeout_s=_POSITIVE),
+        "logging": _section(
+            format={"enum": ["json", "console"]},
+            level={"enum": ["debug", "info", "warning", "error"]},
+            access_log_sample_rate=_num(minimum=0, maximum=1),
+        ),
+    },
+}
+
+_VALIDATOR = jsonschema.Draft202012Validator(CONFIG_SCHEMA)
+_SECTIONS = {name for name, spec in CONFIG_SCHEMA["properties"].items() if spec["type"] == "object"}
+_TOP_LEVEL_SCALARS = {"golden_dir": "GOLDEN_DIR", "models": "MODELS"}
+
+
+def load_config(path: Path | str | None = None, environ: Mapping[str, str] | None = None) -> SidecarConfig:
+    """Read the file (if any), apply SIDECAR_* overrides, validate, and build the frozen config."""
+    environ = os.environ if environ is None else environ
+    source = str(path) if path is not None else "defaults"
+    raw = _read_file(Path(path)) if path is not None else {}
+    raw = _apply_environment(raw, environ)
+    _validate(raw, source)
+    return _build(raw, source)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config file: {e.strerror}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    merged = copy.deepcopy(raw)
+    for name, value in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        rest = name[len(ENV_PREFIX):]
+        top = next((k for k, env in _TOP_LEVEL_SCALARS.items() if env == rest), None)
+        if top == "models":
+            merged["models"] = [m.strip() for m in value.split(",") if m.strip()]
+            continue
+        if top is not None:
+            merged[top] = value
+            continue
+        section, _, key = rest.partition("_")
+        section = section.lower()
+        if section not in _SECTIONS or not key:
+            # Kubernetes injects <SERVICE>_* variables; a Service called "sidecar" must not
+            # stop the start, so only variables naming one of our sections are ours.
+            continue
+        key = key.lower()
+        if key not in CONFIG_SCHEMA["properties"][section]["properties"]:
+            raise ConfigError(f"environment variable {name}: unknown key {section}.{key}")
+        merged.setdefault(section, {})
+        if not isinstance(merged[section], dict):
+            continue  # the schema check names the wrong section type
+        spec = CONFIG_SCHEMA["properties"][section]["properties"][key]
+        # String keys keep the text as given: a token of digits must not turn into a number.
+        merged[section][key] = value if spec.get("type") == "string" else _parse_env_value(value)
+    return merged
+
+
+def _parse_env_value(value: str) -> Any:
+    # YAML scalars give "1" -> 1, "true" -> True, "0.5" -> 0.5, like the file would.
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    return parsed if isinstance(parsed, (int, float, bool, str)) else value
+
+
+def _validate(raw: dict[str, Any], source: str) -> None:
+    errors = sorted(_VALIDATOR.iter_errors(raw), key=lambda e: list(e.absolute_path))
+    if not errors:
+        _check_cross_field_rules(raw, source)
+        return
+    error = errors[0]
+    path = ".".join(str(p) for p in error.absolute_path)
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        key = ".".join(p for p in (path, extra[0] if extra else "") if p)
+        known = ", ".join(sorted(error.schema.get("properties", {})))
+        raise ConfigError(f"{source}: unknown key {key!r} (known here: {known})")
+    raise ConfigError(f"{source}: key {path or '(top level)'!r}: {_short(error.message)}")
+
+
+def _check_cross_field_rules(raw: dict[str, Any], source: str) -> None:
+    healing = raw.get("healing", {})
+    if healing.get("backoff_initial_s", 1.0) > healing.get("backoff_max_s", 30.0):
+        raise ConfigError(f"{source}: key 'healing.backoff_initial_s' must not exceed healing.backoff_max_s")
+    for i, rule in enumerate(raw.get("filtering", {}).get("rules", [])):
+        for j, pattern in enumerate([rule["model"], *rule["drop_outputs"]]):
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                key = "model" if j == 0 else f"drop_outputs.{j - 1}"
+                raise ConfigError(
+                    f"{source}: key 'filtering.rules.{i}.{key}': not a regular expression: {e}"
+                ) from e
+
+
+def _short(message: str, limit: int = 160) -> str:
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def _build(raw: dict[str, Any], source: str) -> SidecarConfig:
+    filtering = raw.get("filtering", {})
+    rules = tuple(
+        FilterRule(model=r["model"], drop_outputs=tuple(r["drop_outputs"]))
+        for r in filtering.get("rules", [])
+    )
+    validation = dict(raw.get("validation", {}))
+    validation["schemas"] = dict(validation.get("schemas", {}))
+    return SidecarConfig(
+        triton=TritonSection(**raw.get("triton", {})),
+        listen=ListenSection(**raw.get("listen", {})),
+        golden_dir=Path(raw.get("golden_dir", "golden_requests")),
+        models=tuple(raw.get("models", ())),
+        probes=ProbesSection(**raw.get("probes", {})),
+        healing=HealingSection(**raw.get("healing", {})),
+        liveness=LivenessSection(**raw.get("liveness", {})),
+        lifecycle=LifecycleSection(**raw.get("lifecycle", {})),
+        validation=ValidationSection(**validation),
+        filtering=FilteringSection(rules=rules),
+        proxy=ProxySection(**raw.get("proxy", {})),
+        metrics=MetricsSection(**raw.get("metrics", {})),
+        logging=LoggingSection(**raw.get("logging", {})),
+        source=source,
+    )

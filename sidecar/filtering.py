@@ -1,0 +1,1 @@
+"""Output filtering: outputs that never leave the pod."""

@@ -1,0 +1,407 @@
+"""Golden requests: real inference requests whose answers are known, and the comparison of answers.
+
+A golden file is `<golden_dir>/<model>/<case>.json` (or .yaml):
+
+    {"description": "...", "version": "1",
+     "request": {"inputs": [{"name", "shape", "datatype", "data"}], "outputs": [{"name"}]},
+     "expect": {"status": 200,
+                "outputs": {"scores": {"datatype": "FP32", "shape": [1, 1], "data": [0.731],
+                                       "atol": 1e-5, "rtol": 1e-4}}}}
+
+or, for an abnormal input the model must reject, `"expect": {"status": 400, "error_contains": "..."}`.
+This module does not talk to Triton; `compare_outputs` judges an answer already received.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import yaml
+
+#: Default tolerances: float32 answers written out as JSON decimals round-trip within these.
+DEFAULT_ATOL = 1e-5
+DEFAULT_RTOL = 1e-4
+GOLDEN_SUFFIXES = (".json", ".yaml", ".yml")
+
+NUMPY_DTYPES: Mapping[str, Any] = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BYTES": np.object_,
+}
+FLOAT_DATATYPES = frozenset({"FP16", "FP32", "FP64"})
+_NON_FINITE_WORDS = {"NaN": math.nan, "nan": math.nan, "Infinity": math.inf, "inf": math.inf,
+                     "-Infinity": -math.inf, "-inf": -math.inf}
+
+
+class GoldenFileError(ValueError):
+    """A golden file is malformed; the message names the file and the JSON path."""
+
+
+_SHAPE = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+_DATATYPE = {"enum": sorted(NUMPY_DTYPES)}
+GOLDEN_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["request", "expect"],
+    "properties": {
+        "description": {"type": "string"},
+        "version": {"type": ["string", "integer"]},
+        "request": {
+            "type": "object",
+            "required": ["inputs"],
+            "properties": {
+                "id": {"type": "string"},
+                "parameters": {"type": "object"},
+                "inputs": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["name", "shape", "datatype", "data"],
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "shape": _SHAPE,
+                            "datatype": _DATATYPE,
+                            "data": {"type": "array"},
+                            "parameters": {"type": "object"},
+                        },
+                    },
+                },
+                "outputs": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {"name": {"type": "string"}, "parameters": {"type": "object"}},
+                    },
+                },
+            },
+        },
+        "expect": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "status": {"type": "integer", "minimum": 200, "maximum": 499},
+                "error_contains": {"type": "string"},
+                "outputs": {
+                    "type": "object",
+                    "additionalProperties": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["datatype", "shape", "data"],
+                        "properties": {
+                            "datatype": _DATATYPE,
+                            "shape": _SHAPE,
+                            "data": {"type": "array"},
+                            "atol": {"type": "number", "minimum": 0},
+                            "rtol": {"type": "number", "minimum": 0},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+_VALIDATOR = jsonschema.Draft202012Validator(GOLDEN_SCHEMA)
+
+
+@dataclass(frozen=True)
+class ExpectedOutput:
+    datatype: str
+    shape: tuple[int, ...]
+    #: Flat expected values: float64 for numbers (NaN/Inf allowed), object for BYTES.
+    data: np.ndarray
+    atol: float = DEFAULT_ATOL
+    rtol: float = DEFAULT_RTOL
+
+
+@dataclass(frozen=True)
+class ReceivedOutput:
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+@dataclass(frozen=True)
+class GoldenCase:
+    model: str
+    name: str
+    path: Path
+    request: Mapping[str, Any]
+    description: str = ""
+    version: str = ""
+    expect_status: int = 200
+    error_contains: str = ""
+    outputs: Mapping[str, ExpectedOutput] = field(default_factory=dict)
+
+    @property
+    def expects_error(self) -> bool:
+        return self.expect_status != 200
+
+    @property
+    def input_datatypes(self) -> dict[str, str]:
+        return {i["name"]: i["datatype"] for i in self.request["inputs"]}
+
+    @property
+    def allows_non_finite(self) -> bool:
+        """True when some expected output holds NaN or Inf on purpose."""
+        return any(
+            o.datatype in FLOAT_DATATYPES and not np.all(np.isfinite(o.data.astype(np.float64)))
+            for o in self.outputs.values()
+        )
+
+
+def load_golden_dir(golden_dir: Path, models: Iterable[str] | None = None) -> dict[str, tuple[GoldenCase, ...]]:
+    """Every case under `golden_dir`, by model; `models` limits which model folders are read."""
+    wanted = set(models) if models is not None else None
+    cases: dict[str, tuple[GoldenCase, ...]] = {}
+    if not golden_dir.is_dir():
+        return cases
+    for model_dir in sorted(p for p in golden_dir.iterdir() if p.is_dir()):
+        if wanted is not None and model_dir.name not in wanted:
+            continue
+        files = sorted(p for p in model_dir.iterdir() if p.suffix in GOLDEN_SUFFIXES and p.is_file())
+        cases[model_dir.name] = tuple(load_golden_file(p, model=model_dir.name) for p in files)
+    return cases
+
+
+def load_golden_file(path: Path, *, model: str) -> GoldenCase:
+    raw = _read(path)
+    errors = sorted(_VALIDATOR.iter_errors(raw), key=lambda e: list(e.absolute_path))
+    if errors:
+        error = errors[0]
+        raise GoldenFileError(f"{path}: at {_json_path(error.absolute_path)}: {_short(error.message)}")
+    for i, tensor in enumerate(raw["request"]["inputs"]):
+        _check_data_matches_shape(path, f"$.request.inputs[{i}]", tensor)
+    expect = raw["expect"]
+    outputs = {}
+    for name, spec in expect.get("outputs", {}).items():
+        where = f"$.expect.outputs.{name}"
+        _check_data_matches_shape(path, where, spec)
+        outputs[name] = ExpectedOutput(
+            datatype=spec["datatype"],
+            shape=tuple(spec["shape"]),
+            data=_expected_array(path, where, spec),
+            atol=float(spec.get("atol", DEFAULT_ATOL)),
+            rtol=float(spec.get("rtol", DEFAULT_RTOL)),
+        )
+    status = int(expect.get("status", 200))
+    if status == 200 and not outputs:
+        raise GoldenFileError(f"{path}: at $.expect: a status-200 case needs 'outputs' to compare")
+    if status != 200 and outputs:
+        raise GoldenFileError(f"{path}: at $.expect.outputs: an error case ({status}) expects no outputs")
+    if status != 200 and not 400 <= status <= 499:
+        raise GoldenFileError(f"{path}: at $.expect.status: expect 200 or a 4xx, got {status}")
+    return GoldenCase(
+        model=model,
+        name=path.stem,
+        path=path,
+        request=raw["request"],
+        description=raw.get("description", ""),
+        version=str(raw.get("version", "")),
+        expect_status=status,
+        error_contains=expect.get("error_contains", ""),
+        outputs=outputs,
+    )
+
+
+def _read(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise GoldenFileError(f"{path}: cannot read: {e.strerror}") from e
+    try:
+        if path.suffix == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except json.JSONDecodeError as e:
+        raise GoldenFileError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from e
+    except yaml.YAMLError as e:
+        raise GoldenFileError(f"{path}: not valid YAML: {getattr(e, 'problem', e)}") from e
+
+
+def _check_data_matches_shape(path: Path, where: str, tensor: Mapping[str, Any]) -> None:
+    count = _flat_length(tensor["data"])
+    expected = math.prod(tensor["shape"])
+    if count != expected:
+        raise GoldenFileError(
+            f"{path}: at {where}.data: {count} values, but shape {list(tensor['shape'])} holds {expected}"
+        )
+
+
+def _flat_length(data: Any) -> int:
+    if isinstance(data, list):
+        return sum(_flat_length(d) for d in data)
+    return 1
+
+
+def _flatten(data: Any) -> list[Any]:
+    if isinstance(data, list):
+        return [x for d in data for x in _flatten(d)]
+    return [data]
+
+
+def _expected_array(path: Path, where: str, spec: Mapping[str, Any]) -> np.ndarray:
+    flat = _flatten(spec["data"])
+    if spec["datatype"] == "BYTES":
+        return np.array(flat, dtype=np.object_)
+    values = []
+    for i, value in enumerate(flat):
+        if isinstance(value, str) and value in _NON_FINITE_WORDS:
+            value = _NON_FINITE_WORDS[value]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if spec["datatype"] == "BOOL" and isinstance(value, bool):
+                values.append(float(value))
+                continue
+            raise GoldenFileError(f"{path}: at {where}.data[{i}]: expected a number, got {value!r}")
+        values.append(float(value))
+    return np.array(values, dtype=np.float64)
+
+
+def _json_path(parts: Iterable[Any]) -> str:
+    out = "$"
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def _short(message: str, limit: int = 160) -> str:
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def request_as_arrays(case: GoldenCase) -> list[tuple[str, str, np.ndarray]]:
+    """(name, datatype, array shaped as declared) for each input of the case's request."""
+    tensors = []
+    for tensor in case.request["inputs"]:
+        datatype = tensor["datatype"]
+        flat = _flatten(tensor["data"])
+        if datatype == "BYTES":
+            array = np.array([v.encode() if isinstance(v, str) else v for v in flat], dtype=np.object_)
+        else:
+            array = np.array(flat, dtype=NUMPY_DTYPES[datatype])
+        tensors.append((tensor["name"], datatype, array.reshape(tensor["shape"])))
+    return tensors
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One way an answer differs from the expectation, in words an operator can act on."""
+
+    output: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+#: How many differing elements one output reports; the rest are counted.
+MAX_REPORTED_ELEMENTS = 3
+
+
+def compare_outputs(case: GoldenCase, received: Mapping[str, ReceivedOutput]) -> list[Mismatch]:
+    """Every way `received` differs from the case's expectation; empty means it matches."""
+    mismatches: list[Mismatch] = []
+    for name, expected in case.outputs.items():
+        got = received.get(name)
+        if got is None:
+            mismatches.append(Mismatch(name, f"output {name} missing from the answer"))
+            continue
+        if got.datatype != expected.datatype:
+            mismatches.append(Mismatch(name, f"{name} datatype expected {expected.datatype}, got {got.datatype}"))
+            continue
+        if tuple(got.shape) != expected.shape:
+            mismatches.append(
+                Mismatch(name, f"{name} shape expected {list(expected.shape)}, got {list(got.shape)}")
+            )
+            continue
+        mismatches.extend(_compare_values(name, expected, got.data.reshape(-1)))
+    return mismatches
+
+
+def _compare_values(name: str, expected: ExpectedOutput, got: np.ndarray) -> list[Mismatch]:
+    if expected.datatype == "BYTES":
+        wrong = [i for i, (e, g) in enumerate(zip(expected.data, got, strict=True)) if _as_bytes(e) != _as_bytes(g)]
+        return [
+            Mismatch(name, f"{name}[{i}] expected {expected.data[i]!r}, got {got[i]!r}")
+            for i in wrong[:MAX_REPORTED_ELEMENTS]
+        ] + _more(name, len(wrong))
+    want = expected.data
+    have = got.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        close = np.abs(have - want) <= expected.atol + expected.rtol * np.abs(want)
+    # NaN only matches NaN, and ±Inf only the same infinity, and only where the golden file says so.
+    both_nan = np.isnan(want) & np.isnan(have)
+    same_inf = np.isinf(want) & (have == want)
+    ok = (close & np.isfinite(want) & np.isfinite(have)) | both_nan | same_inf
+    wrong = np.flatnonzero(~ok)
+    reported = [
+        Mismatch(name, f"{name}[{i}] expected {_fmt(want[i])}±{_fmt_tol(expected, want[i])}, got {_fmt(have[i])}")
+        for i in wrong[:MAX_REPORTED_ELEMENTS]
+    ]
+    return reported + _more(name, len(wrong))
+
+
+def _more(name: str, wrong: int) -> list[Mismatch]:
+    extra = wrong - MAX_REPORTED_ELEMENTS
+    return [Mismatch(name, f"{name}: {extra} more elements differ")] if extra > 0 else []
+
+
+def _as_bytes(value: Any) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def _fmt(value: float) -> str:
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.4f}" if abs(value) >= 1e-3 or value == 0 else f"{value:.3e}"
+
+
+def _fmt_tol(expected: ExpectedOutput, value: float) -> str:
+    tol = expected.atol + expected.rtol * abs(value) if math.isfinite(value) else 0.0
+    return f"{tol:.4f}" if tol >= 1e-4 else f"{tol:.1e}"
+
+
+def dump_golden_case(case: Mapping[str, Any]) -> str:
+    """A golden file's JSON text: indented for people, with each `data` list on one line."""
+    placeholders: dict[str, str] = {}
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {}
+            for key, value in node.items():
+                if key == "data" and isinstance(value, list):
+                    token = f"@@data{len(placeholders)}@@"
+                    placeholders[token] = json.dumps(value, allow_nan=True)
+                    out[key] = token
+                else:
+                    out[key] = inline(value)
+            return out
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    text = json.dumps(inline(case), indent=2)
+    for token, data in placeholders.items():
+        text = text.replace(f'"{token}"', data)
+    return text + "\n"

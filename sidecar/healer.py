@@ -1,0 +1,199 @@
+"""Self-healing: unload a broken model, wait until Triton has really let go of it, load it again,
+wait until it is ready, and prove it with its golden requests.
+
+A plain `load` of a loaded, unchanged model is a no-op in Triton (it does not restart a dead python
+stub), hence unload first. One heal per model at a time; different models heal concurrently up to
+`healing.max_concurrent`. A model whose fault returns after every heal (flapping) goes FAILED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from sidecar.config import HealingSection
+from sidecar.metrics import SidecarMetrics
+from sidecar.probes import RoundResult
+from sidecar.states import ModelState, ModelStates
+from sidecar.triton import TritonClient, TritonError, TritonUnavailable
+
+log = structlog.get_logger().bind(logger="sidecar.healer")
+
+#: How often (s) to ask Triton whether an unload or load has finished: often enough that a
+#: 1.5 s reload is not stretched, rare enough to cost Triton nothing.
+POLL_INTERVAL_S = 0.1
+
+
+class HealStepFailed(Exception):
+    """One step of a heal attempt failed; the message says which and why."""
+
+
+class Healer:
+    def __init__(
+        self,
+        *,
+        triton: TritonClient,
+        states: ModelStates,
+        settings: HealingSection,
+        metrics: SidecarMetrics,
+        verify: Callable[[str], Awaitable[RoundResult]],
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._triton = triton
+        self._states = states
+        self._settings = settings
+        self._metrics = metrics
+        self._verify = verify
+        self._sleep = sleep
+        self._limit = asyncio.Semaphore(settings.max_concurrent)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._recent_heals: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
+        self.attempts: dict[str, int] = collections.Counter()
+        self.last_heal_s: dict[str, float] = {}
+        self.accepting = True
+
+    def is_healing(self, model: str) -> bool:
+        task = self._tasks.get(model)
+        return task is not None and not task.done()
+
+    def request_heal(self, model: str) -> None:
+        """Start a heal episode for the model unless one runs already (never two at once)."""
+        if not self._settings.enabled or not self.accepting or self.is_healing(model):
+            return
+        health = self._states.get(model)
+        if health is None or health.state is ModelState.FAILED:
+            return
+        self._tasks[model] = asyncio.create_task(self._episode(model), name=f"heal:{model}")
+
+    async def wait_idle(self, timeout_s: float) -> None:
+        """Let running heals finish (used while draining); they are cancelled after that."""
+        running = [t for t in self._tasks.values() if not t.done()]
+        if running:
+            await asyncio.wait(running, timeout=timeout_s)
+
+    async def close(self) -> None:
+        self.accepting = False
+        tasks = [t for t in self._tasks.values() if not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _episode(self, model: str) -> None:
+        cause = self._states.get(model).cause  # type: ignore[union-attr]
+        self._states.apply(model, lambda h, now: h.heal_started(f"healing after: {cause}", now))
+        backoff = self._settings.backoff_initial_s
+        async with self._limit:
+            for attempt in range(1, self._settings.max_attempts + 1):
+                self.attempts[model] += 1
+                error = await self._attempt(model, attempt)
+                if error is None:
+                    self._after_success(model, attempt)
+                    return
+                if attempt < self._settings.max_attempts:
+                    log.warning("heal_retry_scheduled", model=model, attempt=attempt, backoff_s=backoff, cause=error)
+                    await self._sleep(backoff)
+                    backoff = min(backoff * 2, self._settings.backoff_max_s)
+        self._metrics.escalations.labels(model=model).inc()
+        self._states.apply(model, lambda h, now: h.fail(
+            f"healing exhausted after {self._settings.max_attempts} attempts; last: {error}", now))
+
+    def _after_success(self, model: str, attempt: int) -> None:
+        now = time.monotonic()
+        recent = self._recent_heals[model]
+        recent.append(now)
+        while recent and now - recent[0] > self._settings.flap_window_s:
+            recent.popleft()
+        if len(recent) > self._settings.flap_max_heals:
+            self._metrics.escalations.labels(model=model).inc()
+            self._states.apply(model, lambda h, t: h.fail(
+                f"flapping: healed {len(recent)} times within {self._settings.flap_window_s:g} s; "
+                "the fault returns after every reload", t))
+            return
+        self._states.apply(model, lambda h, t: h.heal_succeeded(
+            f"healed by unload and reload (attempt {attempt}), golden requests pass", t))
+
+    async def _attempt(self, model: str, attempt: int) -> str | None:
+        """One unload -> load -> verify; None on success, else what went wrong."""
+        started = time.perf_counter()
+        log.info("heal_attempt_started", model=model, attempt=attempt)
+        try:
+            await self._unload(model)
+            await self._load(model)
+            await self._check_golden(model)
+        except HealStepFailed as e:
+            error = str(e)
+        else:
+            error = None
+        duration = time.perf_counter() - started
+        self.last_heal_s[model] = duration
+        result = "success" if error is None else "failure"
+        self._metrics.heal_attempts.labels(model=model, result=result).inc()
+        self._metrics.heal_duration.labels(model=model).observe(duration)
+        if error is None:
+            log.info("heal_attempt_succeeded", model=model, attempt=attempt, duration_ms=round(duration * 1000, 1))
+        else:
+            log.warning("heal_attempt_failed", model=model, attempt=attempt, cause=error,
+                        duration_ms=round(duration * 1000, 1))
+        return error
+
+    async def _unload(self, model: str) -> None:
+        step = time.perf_counter()
+        try:
+            await self._triton.unload_model(model, timeout_s=self._settings.unload_timeout_s)
+        except (TritonError, TritonUnavailable) as e:
+            # Someone else may have unloaded it already; then there is nothing to wait for.
+            if not await self._is_gone(model):
+                raise HealStepFailed(f"unload refused: {e}") from e
+            log.info("heal_unloaded", model=model, duration_ms=_ms(step), cause="was not loaded")
+            return
+        log.info("heal_unload_sent", model=model, duration_ms=_ms(step))
+        deadline = time.monotonic() + self._settings.unload_timeout_s
+        while time.monotonic() < deadline:
+            if await self._is_gone(model):
+                log.info("heal_unloaded", model=model, duration_ms=_ms(step))
+                return
+            await self._sleep(POLL_INTERVAL_S)
+        # A model stuck in execute() never finishes unloading; Triton still loads a fresh
+        # instance next to the stuck one, so carry on rather than give up on the model.
+        log.warning("heal_unload_incomplete", model=model, waited_s=self._settings.unload_timeout_s,
+                    cause="still unloading (a hung execute() keeps its instance); loading anyway")
+
+    async def _is_gone(self, model: str) -> bool:
+        try:
+            index = await self._triton.repository_index()
+        except (TritonError, TritonUnavailable):
+            return False
+        states = [e.get("state") for e in index if e.get("name") == model]
+        return all(s not in ("READY", "UNLOADING", "LOADING") for s in states)
+
+    async def _load(self, model: str) -> None:
+        step = time.perf_counter()
+        log.info("heal_load_sent", model=model)
+        try:
+            await self._triton.load_model(model, timeout_s=self._settings.load_timeout_s)
+        except (TritonError, TritonUnavailable) as e:
+            raise HealStepFailed(f"load failed: {e}") from e
+        deadline = time.monotonic() + self._settings.load_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if await self._triton.model_ready(model):
+                    log.info("heal_ready", model=model, duration_ms=_ms(step))
+                    return
+            except (TritonError, TritonUnavailable):
+                pass
+            await self._sleep(POLL_INTERVAL_S)
+        raise HealStepFailed(f"not ready {self._settings.load_timeout_s:g} s after load")
+
+    async def _check_golden(self, model: str) -> None:
+        result = await self._verify(model)
+        if not result.ok:
+            raise HealStepFailed(f"reloaded, but {result.cause}")
+        log.info("heal_verified", model=model, duration_ms=round(result.duration_s * 1000, 1))
+
+
+def _ms(since: float) -> float:
+    return round((time.perf_counter() - since) * 1000, 1)

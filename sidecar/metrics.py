@@ -1,0 +1,93 @@
+"""The sidecar's Prometheus metrics, all on one injected `CollectorRegistry` (never the global one).
+
+Label values are bounded: `model` always comes from Triton's repository or the config, never from a
+request path that was not matched against them first.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+
+from sidecar import __version__
+from sidecar.states import ModelState
+
+PREFIX = "triton_sidecar"
+
+#: Probe and proxy latencies: 1 ms to 10 s (a probe is bounded by probes.timeout_s).
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: Heals and recoveries: a small python model reloads in ~1.5 s, a large GPU model in minutes.
+HEAL_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class SidecarMetrics:
+    """Every metric family the sidecar exports, created once per registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        self.build_info = Gauge(f"{PREFIX}_build_info", "Sidecar version (value is always 1).",
+                                ["version"], registry=registry)
+        self.build_info.labels(version=__version__).set(1)
+
+        # Probes
+        self.probes = Counter(f"{PREFIX}_probes", "Probes run, by model, probe kind and result "
+                              "(success, failure, timeout).", ["model", "probe", "result"], registry=registry)
+        self.probe_duration = Histogram(f"{PREFIX}_probe_duration_seconds", "Duration of one probe call.",
+                                        ["model", "probe"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.consecutive_failures = Gauge(f"{PREFIX}_probe_consecutive_failures",
+                                          "Probe rounds failed in a row, per model.", ["model"], registry=registry)
+        self.model_state = Gauge(f"{PREFIX}_model_state", "1 for the model's current state, 0 for the others.",
+                                 ["model", "state"], registry=registry)
+
+        # Healing
+        self.heal_attempts = Counter(f"{PREFIX}_heal_attempts", "Heal attempts (unload, load, verify) by result.",
+                                     ["model", "result"], registry=registry)
+        self.heal_duration = Histogram(f"{PREFIX}_heal_duration_seconds", "Duration of one heal attempt.",
+                                       ["model"], buckets=HEAL_BUCKETS, registry=registry)
+        self.time_to_recover = Histogram(f"{PREFIX}_time_to_recover_seconds",
+                                         "From the first failed probe to HEALTHY again.",
+                                         ["model"], buckets=HEAL_BUCKETS, registry=registry)
+        self.escalations = Counter(f"{PREFIX}_escalations", "Times a model went FAILED (healing exhausted "
+                                   "or flapping); /healthz fails until a restart.", ["model"], registry=registry)
+
+        # Proxy
+        self.proxy_requests = Counter(f"{PREFIX}_proxy_requests", "Proxied requests by model and HTTP status.",
+                                      ["model", "code"], registry=registry)
+        self.proxy_duration = Histogram(f"{PREFIX}_proxy_request_duration_seconds",
+                                        "Proxied request duration, as the client saw it.", ["model"],
+                                        buckets=LATENCY_BUCKETS, registry=registry)
+        self.proxy_rejections = Counter(f"{PREFIX}_proxy_rejections", "Requests refused before Triton, by reason.",
+                                        ["model", "reason"], registry=registry)
+        self.outputs_filtered = Counter(f"{PREFIX}_outputs_filtered", "Outputs removed from answers.",
+                                        ["model", "output"], registry=registry)
+        self.quarantined = Counter(f"{PREFIX}_proxy_quarantined", "Requests to a quarantined model, by outcome "
+                                   "(rejected, held_released, held_timeout).", ["model", "outcome"],
+                                   registry=registry)
+        self.in_flight = Gauge(f"{PREFIX}_proxy_in_flight", "Proxied requests in progress, per model.",
+                               ["model"], registry=registry)
+
+        # Triton
+        self.triton_up = Gauge(f"{PREFIX}_triton_up", "1 when Triton answers /v2/health/live.", registry=registry)
+        self.triton_ready = Gauge(f"{PREFIX}_triton_ready", "1 when Triton answers /v2/health/ready.",
+                                  registry=registry)
+
+    def track_model(self, model: str) -> None:
+        """Create the model's series at zero, so dashboards and `rate()` see them from the start."""
+        for state in ModelState:
+            self.model_state.labels(model=model, state=state.value).set(0)
+        self.consecutive_failures.labels(model=model).set(0)
+        for result in ("success", "failure"):
+            self.heal_attempts.labels(model=model, result=result)
+        self.escalations.labels(model=model)
+
+    def set_state(self, model: str, state: ModelState) -> None:
+        for each in ModelState:
+            self.model_state.labels(model=model, state=each.value).set(1 if each is state else 0)

@@ -1,0 +1,165 @@
+"""The boundary to Triton's HTTP API, through `tritonclient.http.aio`.
+
+Everything the probes and the healer ask Triton goes through `TritonClient`; every failure comes out
+as one of two exceptions: `TritonUnavailable` (no answer: refused, reset, timed out) or `TritonError`
+(an answer, but not a good one, with its HTTP status and Triton's message).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import numpy as np
+import tritonclient.http as triton_http
+import tritonclient.http.aio as triton_aio
+from tritonclient.utils import InferenceServerException
+
+from sidecar.golden import GoldenCase, ReceivedOutput, request_as_arrays
+
+#: Longest Triton message we keep in our own errors and logs; Triton's shape errors run long.
+MAX_ERROR_CHARS = 300
+
+
+class TritonUnavailable(Exception):
+    """Triton did not answer: connection refused or reset, or no answer within the bound."""
+
+
+class TritonError(Exception):
+    """Triton answered with an error status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"[{status}] {message}")
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class InferOutcome:
+    """What one inference gave: status 200 with outputs, or an error status with Triton's message."""
+
+    status: int
+    outputs: Mapping[str, ReceivedOutput] = field(default_factory=dict)
+    error: str = ""
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def _translate(e: BaseException) -> Exception:
+    if isinstance(e, InferenceServerException):
+        try:
+            status = int(e.status() or 0)
+        except ValueError:
+            status = 0
+        if status:
+            return TritonError(status, _cut(str(e.message())))
+        return TritonUnavailable(_cut(str(e.message())))
+    if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
+        return TritonUnavailable("no answer within the time limit")
+    return TritonUnavailable(_cut(f"{type(e).__name__}: {e}"))
+
+
+_TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, asyncio.TimeoutError, InferenceServerException, ValueError)
+
+
+class TritonClient:
+    """One pooled connection to Triton, used by probes and the healer from one event loop."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 5.0,
+        repository_headers: Mapping[str, str] | None = None,
+        max_call_s: float = 600.0,
+    ) -> None:
+        parts = urlsplit(url)
+        # tritonclient wants host:port without the scheme.
+        self._client = triton_aio.InferenceServerClient(
+            parts.netloc, conn_timeout=max_call_s, ssl=parts.scheme == "https"
+        )
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._repository_headers = dict(repository_headers or {})
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def _call(self, coro: Any, timeout_s: float | None = None) -> Any:
+        try:
+            async with asyncio.timeout(timeout_s or self.timeout_s):
+                return await coro
+        except _TRANSPORT_ERRORS as e:
+            raise _translate(e) from e
+
+    async def server_live(self, timeout_s: float | None = None) -> bool:
+        return await self._call(self._client.is_server_live(), timeout_s)
+
+    async def server_ready(self, timeout_s: float | None = None) -> bool:
+        return await self._call(self._client.is_server_ready(), timeout_s)
+
+    async def model_ready(self, model: str, version: str = "", timeout_s: float | None = None) -> bool:
+        return await self._call(self._client.is_model_ready(model, version), timeout_s)
+
+    async def model_metadata(self, model: str, version: str = "", timeout_s: float | None = None) -> dict[str, Any]:
+        return await self._call(self._client.get_model_metadata(model, version), timeout_s)
+
+    async def model_config(self, model: str, version: str = "", timeout_s: float | None = None) -> dict[str, Any]:
+        return await self._call(self._client.get_model_config(model, version), timeout_s)
+
+    async def repository_index(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        return await self._call(
+            self._client.get_model_repository_index(headers=self._repository_headers or None), timeout_s
+        )
+
+    async def load_model(self, model: str, timeout_s: float | None = None) -> None:
+        await self._call(self._client.load_model(model, headers=self._repository_headers or None), timeout_s)
+
+    async def unload_model(self, model: str, timeout_s: float | None = None) -> None:
+        await self._call(self._client.unload_model(model, headers=self._repository_headers or None), timeout_s)
+
+    async def infer_case(self, case: GoldenCase, timeout_s: float | None = None) -> InferOutcome:
+        """Send the case's request as JSON, as a client would, and collect the answer."""
+        inputs = []
+        for name, datatype, array in request_as_arrays(case):
+            tensor = triton_http.InferInput(name, list(array.shape), datatype)
+            tensor.set_data_from_numpy(array, binary_data=False)
+            inputs.append(tensor)
+        outputs = [
+            triton_http.InferRequestedOutput(o["name"], binary_data=False)
+            for o in case.request.get("outputs", [])
+        ] or None
+        try:
+            result = await self._call(
+                self._client.infer(
+                    case.model,
+                    inputs,
+                    model_version=case.version,
+                    outputs=outputs,
+                    parameters=case.request.get("parameters"),
+                ),
+                timeout_s,
+            )
+        except TritonError as e:
+            return InferOutcome(status=e.status, error=e.message)
+        return InferOutcome(status=200, outputs=_received_outputs(result))
+
+
+def _received_outputs(result: Any) -> dict[str, ReceivedOutput]:
+    received = {}
+    for output in result.get_response().get("outputs", []):
+        name = output["name"]
+        data = result.as_numpy(name)
+        if data is None:
+            data = np.array([], dtype=np.float64)
+        received[name] = ReceivedOutput(
+            datatype=output["datatype"], shape=tuple(output["shape"]), data=np.asarray(data)
+        )
+    return received
+

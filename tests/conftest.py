@@ -1,0 +1,68 @@
+"""Fixtures: one real Triton shared by the tests that do not break it, fresh models for those that
+break a model, and a fresh Triton for those that break the server."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from sidecar.tritonserver import LocalTriton
+from tests.harness import EXAMPLES, FreshModel, RunningSidecar, start_sidecar, stop_sidecar
+
+EXAMPLE_MODELS = ["credit_risk", "image_classifier"]
+
+
+def _repository_copy(root: Path) -> Path:
+    repository = root / "model_repository"
+    shutil.copytree(EXAMPLES, repository)
+    return repository
+
+
+@pytest.fixture(scope="session")
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
+    """The shared Triton: the example models, plus room for fresh models loaded by tests."""
+    root = tmp_path_factory.mktemp("shared-triton")
+    server = LocalTriton(model_repository=_repository_copy(root), models=EXAMPLE_MODELS, workdir=root / "work")
+    server.start()
+    yield server
+    server.stop(grace_s=3)
+
+
+@pytest.fixture
+def own_triton(tmp_path: Path) -> Iterator[LocalTriton]:
+    """A Triton of the test's own, for tests that kill or restart the server."""
+    server = LocalTriton(model_repository=_repository_copy(tmp_path), models=EXAMPLE_MODELS,
+                         workdir=tmp_path / "work")
+    server.start()
+    yield server
+    server.stop(grace_s=3)
+
+
+@pytest.fixture
+def fresh_model(triton: LocalTriton, tmp_path: Path) -> Iterator[FreshModel]:
+    """A private fault-injectable model in the shared Triton, removed afterwards."""
+    model = FreshModel.create(triton, tmp_path)
+    yield model
+    model.remove()
+
+
+@pytest.fixture
+async def sidecars() -> AsyncIterator[list[RunningSidecar]]:
+    """Sidecars started by a test (append to the list); all stopped at the end."""
+    started: list[RunningSidecar] = []
+    yield started
+    for running in started:
+        await stop_sidecar(running)
+
+
+@pytest.fixture
+def start(sidecars: list[RunningSidecar]):  # type: ignore[no-untyped-def]
+    async def _start(config):  # type: ignore[no-untyped-def]
+        running = await start_sidecar(config)
+        sidecars.append(running)
+        return running
+
+    return _start

@@ -1,0 +1,219 @@
+"""What the tests need around the real Triton: fresh fault-injectable models, a sidecar on a real
+loopback socket, and waiting on conditions with deadlines (never bare sleeps)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp.test_utils import TestServer
+from prometheus_client import CollectorRegistry
+
+from sidecar.app import create_app
+from sidecar.appkeys import STATES
+from sidecar.config import SidecarConfig, load_config
+from sidecar.golden import load_golden_dir
+from sidecar.states import ModelState, Transition
+from sidecar.tritonserver import LocalTriton, stub_pids
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples" / "model_repository"
+FAULTY_TEMPLATE = REPO / "tests" / "models" / "faulty"
+GOLDEN = REPO / "golden_requests"
+
+#: Probe settings scaled down for tests: a fault is detected in about a second.
+FAST_PROBES = {"interval_s": 0.5, "timeout_s": 0.5, "failure_threshold": 2, "success_threshold": 1, "jitter": 0.1}
+FAST_HEALING = {"backoff_initial_s": 0.2, "backoff_max_s": 1.0, "unload_timeout_s": 5.0, "load_timeout_s": 30.0}
+#: Extra time allowed on top of a computed bound: this machine is shared and noisy.
+SLACK_S = 2.0
+
+_counter = itertools.count(1)
+
+
+async def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.05,
+                   what: str = "condition") -> Any:
+    """Poll `predicate` (sync or async) until it returns something truthy, or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.1f} s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def triton_post(triton: LocalTriton, path: str, body: dict | None = None) -> tuple[int, Any]:
+    request = urllib.request.Request(f"{triton.url}{path}", data=json.dumps(body or {}).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            raw = response.read()
+            return response.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        return e.code, json.loads(raw) if raw else None
+
+
+@dataclass
+class FreshModel:
+    """A private copy of the fault-injectable model, loaded into a running Triton under a new name."""
+
+    triton: LocalTriton
+    name: str
+    path: Path
+    golden_dir: Path
+
+    @classmethod
+    def create(cls, triton: LocalTriton, scratch: Path, prefix: str = "faulty") -> FreshModel:
+        name = f"{prefix}_{os.getpid()}_{next(_counter)}"
+        path = triton.model_repository / name
+        shutil.copytree(FAULTY_TEMPLATE, path)
+        config = (path / "config.pbtxt").read_text().replace('name: "faulty"', f'name: "{name}"')
+        (path / "config.pbtxt").write_text(config)
+        golden_dir = scratch / f"golden-{name}"
+        (golden_dir / name).mkdir(parents=True)
+        for case in (GOLDEN / "credit_risk").glob("*.json"):
+            shutil.copy(case, golden_dir / name / case.name)
+        model = cls(triton, name, path, golden_dir)
+        model.load()
+        return model
+
+    def load(self) -> None:
+        status, body = triton_post(self.triton, f"/v2/repository/models/{self.name}/load")
+        assert status == 200, f"loading {self.name} failed: {body}"
+
+    def unload(self) -> None:
+        triton_post(self.triton, f"/v2/repository/models/{self.name}/unload")
+
+    def stubs(self) -> list[int]:
+        return stub_pids(self.name, parent=self.triton.pid)
+
+    def kill_stub(self) -> int:
+        pids = self.stubs()
+        assert len(pids) == 1, f"expected one stub for {self.name}, found {pids}"
+        os.kill(pids[0], signal.SIGKILL)
+        return pids[0]
+
+    def inject(self, kind: str) -> None:
+        """Damage the running stub's memory: `nan`, `drift` or `hang` (see tests/models/faulty)."""
+        (self.path / "1" / "fault").write_text(kind)
+        for pid in self.stubs():
+            os.kill(pid, signal.SIGUSR1)
+
+    def break_files(self) -> None:
+        """Make every future load fail: the model file no longer imports."""
+        (self.path / "1" / "model.py").write_text("raise RuntimeError('model file corrupted by the test')\n")
+
+    def remove(self) -> None:
+        self.unload()
+        for pid in self.stubs():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def sidecar_config(triton: LocalTriton, *, models: list[str], golden_dir: Path, **sections: dict) -> SidecarConfig:
+    """The default config pointed at `triton`, with fast probes; `sections` override whole keys."""
+    base = load_config(None, environ={})
+    probes = replace(base.probes, **{**FAST_PROBES, **sections.pop("probes", {})})
+    healing = replace(base.healing, **{**FAST_HEALING, **sections.pop("healing", {})})
+    config = replace(
+        base,
+        triton=replace(base.triton, url=triton.url, metrics_url=triton.metrics_url),
+        listen=replace(base.listen, host="127.0.0.1", port=0),
+        models=tuple(models),
+        golden_dir=golden_dir,
+        probes=probes,
+        healing=healing,
+    )
+    for name, values in sections.items():
+        config = replace(config, **{name: replace(getattr(config, name), **values)})
+    return config
+
+
+@dataclass
+class RunningSidecar:
+    """The production app (create_app) on a real loopback socket, plus what the test observes."""
+
+    server: TestServer
+    session: aiohttp.ClientSession
+    registry: CollectorRegistry
+    transitions: list[Transition] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("")).rstrip("/")
+
+    @property
+    def app(self):  # type: ignore[no-untyped-def]
+        return self.server.app
+
+    def state(self, model: str) -> ModelState:
+        return self.app[STATES].get(model).state
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        async with self.session.get(self.url + path) as response:
+            return response.status, await response.json()
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(name, labels)
+
+    def first_transition_to(self, model: str, *states: ModelState) -> Transition | None:
+        return next((t for t in self.transitions if t.model == model and t.state_to in states), None)
+
+
+async def start_sidecar(config: SidecarConfig) -> RunningSidecar:
+    registry = CollectorRegistry()
+    app = create_app(config, registry=registry, golden=load_golden_dir(config.golden_dir))
+    running = RunningSidecar(TestServer(app, host="127.0.0.1"), aiohttp.ClientSession(), registry)
+    app[STATES].add_listener(running.transitions.append)
+    await running.server.start_server()
+    return running
+
+
+async def stop_sidecar(running: RunningSidecar) -> None:
+    await running.session.close()
+    await running.server.close()
+
+
+class EndpointRecorder:
+    """Polls /healthz and /readyz in the background and keeps every status seen, with times."""
+
+    def __init__(self, sidecar: RunningSidecar, period_s: float = 0.05) -> None:
+        self.sidecar = sidecar
+        self.period_s = period_s
+        self.healthz: list[tuple[float, int]] = []
+        self.readyz: list[tuple[float, int]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            for path, seen in (("/healthz", self.healthz), ("/readyz", self.readyz)):
+                status, _ = await self.sidecar.get(path)
+                seen.append((time.monotonic(), status))
+            await asyncio.sleep(self.period_s)
+
+    def start(self) -> EndpointRecorder:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def stop(self) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+

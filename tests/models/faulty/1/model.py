@@ -1,0 +1,65 @@
+"""The credit_risk model, plus real in-process faults that tests trigger with SIGUSR1.
+
+On SIGUSR1 the stub reads `fault` next to this file and damages its own state accordingly:
+- `nan`: the weights become NaN in memory, so every answer is NaN until the model is reloaded;
+- `drift`: the weights are scaled, so answers are finite but wrong, until reloaded;
+- `hang`: every later execute() blocks forever (the stub process stays alive).
+A reload runs initialize() again in a fresh stub, which is what heals each of these.
+"""
+
+import signal
+import threading
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        rng = np.random.default_rng(20261202)
+        self.w = (rng.standard_normal(128) / np.sqrt(128)).astype(np.float32)
+        self.v = (rng.standard_normal(128) / np.sqrt(128)).astype(np.float32)
+        self.b = np.float32(-0.25)
+        self.hang = False
+        self.fault_file = Path(__file__).parent / "fault"
+        signal.signal(signal.SIGUSR1, self._inject_fault)
+
+    def _inject_fault(self, signum, frame):
+        kind = self.fault_file.read_text().strip()
+        if kind == "nan":
+            self.w = np.full_like(self.w, np.nan)
+        elif kind == "drift":
+            self.w = self.w * np.float32(3.0)
+            self.b = np.float32(2.0)
+        elif kind == "hang":
+            self.hang = True
+
+    def execute(self, requests):
+        if self.hang:
+            threading.Event().wait()
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "features").as_numpy()
+            if not np.all(np.isfinite(x)):
+                responses.append(
+                    pb_utils.InferenceResponse(
+                        error=pb_utils.TritonError("features must be finite numbers")
+                    )
+                )
+                continue
+            scores = _sigmoid(x @ self.w + self.b).astype(np.float32).reshape(-1, 1)
+            income = _sigmoid(x @ self.v).astype(np.float32).reshape(-1, 1)
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor("scores", scores),
+                        pb_utils.Tensor("income_prob", income),
+                    ]
+                )
+            )
+        return responses

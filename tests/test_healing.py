@@ -1,0 +1,123 @@
+"""Real faults in a real Triton: each is detected, healed without restarting Triton, and kubelet sees
+readiness drop during the heal while liveness stays up."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from sidecar.appkeys import STATES
+from sidecar.states import ModelState
+from tests.harness import (
+    FAST_PROBES,
+    SLACK_S,
+    EndpointRecorder,
+    FreshModel,
+    sidecar_config,
+    wait_for,
+)
+
+pytestmark = pytest.mark.fault
+
+#: Detection bound from the issue: interval × failure_threshold + timeout, with jitter, plus slack.
+DETECT_BOUND_S = (
+    FAST_PROBES["interval_s"] * (1 + FAST_PROBES["jitter"]) * FAST_PROBES["failure_threshold"]
+    + FAST_PROBES["timeout_s"] + SLACK_S
+)
+HEAL_BOUND_S = 30.0
+
+
+def _kill_stub(model: FreshModel) -> None:
+    model.kill_stub()
+
+
+async def _ready(sidecar) -> bool:  # type: ignore[no-untyped-def]
+    return (await sidecar.get("/readyz"))[0] == 200
+
+
+FAULTS = {
+    "stub_killed": _kill_stub,
+    "nan_weights": lambda m: m.inject("nan"),
+    "drifted_weights": lambda m: m.inject("drift"),
+    "hung_execute": lambda m: m.inject("hang"),
+    "unloaded_by_someone_else": lambda m: m.unload(),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+async def test_a_real_fault_is_detected_and_healed_without_restarting_triton(fault, triton, fresh_model, start):
+    sidecar = await start(sidecar_config(triton, models=[fresh_model.name, "credit_risk"],
+                                         golden_dir=fresh_model.golden_dir))
+    model = fresh_model.name
+    await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what=f"{model} HEALTHY")
+    await wait_for(lambda: sidecar.state("credit_risk") is ModelState.HEALTHY, 20, what="credit_risk HEALTHY")
+    await wait_for(lambda: _ready(sidecar), 5, what="/readyz 200")
+    triton_pid = triton.pid
+    stubs_before = fresh_model.stubs()
+
+    recorder = EndpointRecorder(sidecar).start()
+    injected_at = time.monotonic()
+    FAULTS[fault](fresh_model)
+
+    detected = await wait_for(
+        lambda: sidecar.first_transition_to(model, ModelState.UNHEALTHY), DETECT_BOUND_S + 5,
+        what=f"{model} UNHEALTHY after {fault}")
+    assert detected.at - injected_at <= DETECT_BOUND_S, (
+        f"{fault} detected after {detected.at - injected_at:.2f} s, bound {DETECT_BOUND_S:.2f} s")
+    assert detected.state_from in (ModelState.HEALTHY, ModelState.DEGRADED)
+
+    healed = await wait_for(
+        lambda: next((t for t in sidecar.transitions if t.model == model and t.state_to is ModelState.HEALTHY
+                      and t.at > detected.at), None), HEAL_BOUND_S, what=f"{model} healed")
+    await wait_for(lambda: recorder.readyz and recorder.readyz[-1][1] == 200, 5, what="/readyz 200 again")
+    await recorder.stop()
+
+    assert triton.pid == triton_pid and triton.is_running(), "Triton was restarted"
+    assert (fresh_model.stubs() and set(fresh_model.stubs()) != set(stubs_before)) or fault == "hung_execute"
+    assert [s for _, s in recorder.healthz] and all(s == 200 for _, s in recorder.healthz), (
+        f"/healthz failed during a heal: {sorted({s for _, s in recorder.healthz})}")
+    during = [s for t, s in recorder.readyz if detected.at <= t <= healed.at]
+    assert 503 in during, "/readyz never went 503 while the model was broken"
+    assert recorder.readyz[-1][1] == 200
+    assert sidecar.metric("triton_sidecar_heal_attempts_total", model=model, result="success") >= 1
+    assert sidecar.metric("triton_sidecar_time_to_recover_seconds_count", model=model) == 1
+    # The other model kept being probed and stayed healthy: one sick model does not spread.
+    assert sidecar.first_transition_to("credit_risk", ModelState.UNHEALTHY, ModelState.DEGRADED) is None
+
+
+async def test_exhausted_healing_marks_the_model_failed_and_fails_liveness(own_triton, tmp_path, start):
+    # A model that cannot load leaves Triton "not ready" (strict readiness): a server of its own.
+    fresh_model = FreshModel.create(own_triton, tmp_path)
+    sidecar = await start(sidecar_config(own_triton, models=[fresh_model.name], golden_dir=fresh_model.golden_dir,
+                                         healing={"max_attempts": 2}))
+    model = fresh_model.name
+    await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what="HEALTHY")
+    assert (await sidecar.get("/healthz"))[0] == 200
+
+    fresh_model.break_files()  # every reload now fails
+    fresh_model.kill_stub()
+
+    await wait_for(lambda: sidecar.state(model) is ModelState.FAILED, 60, what="FAILED")
+    status, body = await sidecar.get("/healthz")
+    assert status == 503
+    assert any(model in p and "healing exhausted after 2 attempts" in p for p in body["problems"]), body
+    assert sidecar.metric("triton_sidecar_heal_attempts_total", model=model, result="failure") == 2
+    assert sidecar.metric("triton_sidecar_escalations_total", model=model) == 1
+    assert (await sidecar.get("/readyz"))[0] == 503
+
+
+async def test_a_model_that_keeps_breaking_after_heals_is_escalated_not_reloaded_forever(triton, fresh_model, start):
+    sidecar = await start(sidecar_config(triton, models=[fresh_model.name], golden_dir=fresh_model.golden_dir,
+                                         healing={"flap_max_heals": 1, "flap_window_s": 600}))
+    model = fresh_model.name
+    for heal in (1, 2):
+        await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 30, what=f"HEALTHY before fault {heal}")
+        await wait_for(lambda: len(fresh_model.stubs()) == 1, 10, what="one stub")
+        fresh_model.kill_stub()
+        await wait_for(lambda h=heal: sidecar.metric("triton_sidecar_heal_attempts_total", model=model,
+                                                     result="success") == h, 30, what=f"heal {heal}")
+    await wait_for(lambda: sidecar.state(model) is ModelState.FAILED, 10, what="FAILED for flapping")
+    assert "flapping" in sidecar.app[STATES].get(model).cause
+    status, _ = await sidecar.get("/healthz")
+    assert status == 503
