@@ -39,7 +39,7 @@ from sidecar.proxy import add_proxy_routes
 from sidecar.states import ModelStates, Transition
 from sidecar.triton import TritonClient, TritonError, TritonUnavailable
 
-log = structlog.get_logger().bind(logger="sidecar.app")
+log = structlog.get_logger("sidecar.app")
 
 #: How often (s) to retry model discovery while Triton is not answering yet (it loads models first).
 DISCOVERY_RETRY_S = 1.0

@@ -29,7 +29,7 @@ from sidecar.logs import configure_logging
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-log = structlog.get_logger().bind(logger="sidecar.cli")
+log = structlog.get_logger("sidecar.cli")
 
 
 class UsageError(Exception):

@@ -21,7 +21,7 @@ from sidecar.probes import RoundResult
 from sidecar.states import ModelState, ModelStates
 from sidecar.triton import TritonClient, TritonError, TritonUnavailable
 
-log = structlog.get_logger().bind(logger="sidecar.healer")
+log = structlog.get_logger("sidecar.healer")
 
 #: How often (s) to ask Triton whether an unload or load has finished: often enough that a
 #: 1.5 s reload is not stretched, rare enough to cost Triton nothing.
@@ -97,9 +97,13 @@ class Healer:
                     log.warning("heal_retry_scheduled", model=model, attempt=attempt, backoff_s=backoff, cause=error)
                     await self._sleep(backoff)
                     backoff = min(backoff * 2, self._settings.backoff_max_s)
+        self._escalate(model, f"healing exhausted after {self._settings.max_attempts} attempts; last: {error}")
+
+    def _escalate(self, model: str, cause: str) -> None:
+        """Give up on the model: FAILED fails /healthz, so the kubelet restarts the pod."""
         self._metrics.escalations.labels(model=model).inc()
-        self._states.apply(model, lambda h, now: h.fail(
-            f"healing exhausted after {self._settings.max_attempts} attempts; last: {error}", now))
+        log.error("model_escalated", model=model, cause=cause)
+        self._states.apply(model, lambda h, now: h.fail(cause, now))
 
     def _after_success(self, model: str, attempt: int) -> None:
         now = time.monotonic()
@@ -108,10 +112,8 @@ class Healer:
         while recent and now - recent[0] > self._settings.flap_window_s:
             recent.popleft()
         if len(recent) > self._settings.flap_max_heals:
-            self._metrics.escalations.labels(model=model).inc()
-            self._states.apply(model, lambda h, t: h.fail(
-                f"flapping: healed {len(recent)} times within {self._settings.flap_window_s:g} s; "
-                "the fault returns after every reload", t))
+            self._escalate(model, f"flapping: healed {len(recent)} times within {self._settings.flap_window_s:g} s;"
+                                  " the fault returns after every reload")
             return
         self._states.apply(model, lambda h, t: h.heal_succeeded(
             f"healed by unload and reload (attempt {attempt}), golden requests pass", t))

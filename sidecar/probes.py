@@ -21,7 +21,7 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.states import ModelState, ModelStates
 from sidecar.triton import TritonClient, TritonError, TritonUnavailable
 
-log = structlog.get_logger().bind(logger="sidecar.probes")
+log = structlog.get_logger("sidecar.probes")
 
 SERVER_READY = "server_ready"
 MODEL_READY = "model_ready"
@@ -234,6 +234,9 @@ class Prober:
         if result.ok:
             self._states.apply(model, lambda h, now: h.probe_passed(now))
         else:
+            failed = next(r for r in result.results if not r.ok)
+            log.warning("probe_failed", model=model, probe=failed.probe, case=failed.case or None,
+                        cause=result.cause, duration_ms=round(failed.duration_s * 1000, 1))
             self._states.apply(model, lambda h, now: h.probe_failed(result.cause, now))
         health = self._states.get(model)
         assert health is not None

@@ -1,0 +1,94 @@
+"""What a result was measured on (CPU, cores, versions, date) and where results are written."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+OUT_DIR = REPO / "bench" / "out"
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _triton_server_version(triton_url: str | None) -> str:
+    """The server's own answer on GET /v2 when one runs, else what the pinned wheel ships."""
+    if triton_url:
+        try:
+            with urllib.request.urlopen(f"{triton_url}/v2", timeout=5) as response:
+                return str(json.loads(response.read())["version"])
+        except (OSError, ValueError, KeyError):
+            pass
+    pytriton = _version("nvidia-pytriton")
+    return {"0.7.0": "2.51.0"}.get(pytriton, f"from nvidia-pytriton {pytriton}")
+
+
+def _debian_version(binary: str, flag: str) -> str | None:
+    try:
+        done = subprocess.run([binary, flag], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (done.stdout + done.stderr).strip()
+    match = re.search(r"\d+\.\d+(\.\d+)?", text)
+    return match.group(0) if match else None
+
+
+def describe_machine(triton_url: str | None = None) -> dict[str, Any]:
+    """The facts RESULTS.md must quote next to every figure: this machine is shared and noisy."""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu_model": _cpu_model(),
+        "cores": os.cpu_count(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "aiohttp": _version("aiohttp"),
+        "tritonclient": _version("tritonclient"),
+        "nvidia_pytriton": _version("nvidia-pytriton"),
+        "triton_server": _triton_server_version(triton_url),
+        "triton_sidecar": _version("triton-sidecar"),
+        "nginx": _debian_version("nginx", "-v"),
+        "wrk": _debian_version("wrk", "-v"),
+        "kernel": platform.release(),
+    }
+
+
+def command_line() -> str:
+    """The exact command that produced a result, as someone would type it from the repository root."""
+    module = Path(sys.argv[0]).stem
+    return " ".join([".venv/bin/python", "-m", f"bench.{module}", *map(shlex.quote, sys.argv[1:])])
+
+
+def write_results(name: str, payload: dict[str, Any]) -> Path:
+    """bench/out/<name>-<UTC timestamp>.json and bench/out/<name>-latest.json (gitignored)."""
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    body = json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n"
+    path = OUT_DIR / f"{name}-{stamp}.json"
+    path.write_text(body)
+    (OUT_DIR / f"{name}-latest.json").write_text(body)
+    return path

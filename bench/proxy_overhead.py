@@ -1,0 +1,252 @@
+"""Proxy overhead: direct Triton vs through the sidecar vs through nginx, alternating in one run.
+
+    .venv/bin/python -m bench.proxy_overhead [--rounds 3] [--duration 5]
+
+For each round, each model (near-free credit_risk, credit_risk_2ms), each request (1x128 JSON,
+64x128 JSON, 64x128 binary) and each concurrency (1, 8), wrk drives every leg for --duration
+seconds, the legs in a rotating order; figures are medians over rounds. The sidecar runs as
+`triton-sidecar run` with validation and filtering on (income_prob dropped for credit_risk.*), and
+its CPU time per request comes from /proc/<pid>/stat around each of its runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.inference import binary_request, features, json_request, post
+from bench.machine import command_line, describe_machine, write_results
+from bench.nginx import NginxProxy
+from bench.procfs import children, cpu_seconds
+from bench.repository import BENCH_MODELS, credit_clones, credit_risk_scores
+from bench.shutdown import interrupt_on_termination
+from bench.sidecar_process import CREDIT_FILTER_RULE, SidecarProcess, sidecar_settings
+from bench.wrk import RequestBody, Wrk
+from sidecar.tritonserver import LocalTriton
+
+MODELS = ["credit_risk", "credit_risk_2ms"]
+CONCURRENCY = [1, 8]
+#: Targets of issue 7.
+TARGET_CPU_MS_PER_REQUEST = 0.35  # = 0.35 vCPU per 1000 requests/s (Istio's published figure)
+TARGET_ADDED_P50_MS = 0.5
+TARGET_THROUGHPUT_RATIO = 0.95
+
+
+def build_requests() -> dict[str, tuple[RequestBody, np.ndarray]]:
+    one, batch = features(1), features(64)
+    return {
+        "1x128 JSON": (json_request(one), one),
+        "64x128 JSON": (json_request(batch), batch),
+        "64x128 binary": (binary_request(batch), batch),
+    }
+
+
+def check_leg(name: str, base_url: str, model: str, request: RequestBody, x: np.ndarray) -> str | None:
+    """None when the leg answers correctly (the sidecar must also have dropped income_prob), else why."""
+    answer = post(f"{base_url}/v2/models/{model}/infer", request)
+    if answer.status != 200:
+        return f"{name}: {model} {request.name} answered {answer.status}: {answer.error}"
+    scores = answer.outputs.get("scores")
+    if scores is None or not np.allclose(scores, credit_risk_scores(x), atol=1e-5, rtol=1e-4):
+        return f"{name}: {model} {request.name} answered wrong scores"
+    filtered = "income_prob" not in answer.outputs
+    if name == "sidecar" and not filtered:
+        return f"sidecar: {model} {request.name}: income_prob was not filtered"
+    if name != "sidecar" and filtered:
+        return f"{name}: {model} {request.name}: income_prob missing (it should pass untouched)"
+    return None
+
+
+def nginx_cpu(nginx: NginxProxy) -> float:
+    return sum(cpu_seconds(pid) for pid in [nginx.pid, *children(nginx.pid)])
+
+
+def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    built = credit_clones(workdir, MODELS, sources={"credit_risk_2ms": BENCH_MODELS / "credit_risk_2ms"})
+    requests = build_requests()
+    wrk = Wrk(workdir / "wrk")
+    runs: list[dict[str, Any]] = []
+    notes: list[str] = []
+    with contextlib.ExitStack() as stack:
+        triton = LocalTriton(model_repository=built.repository, models=MODELS, workdir=workdir / "triton")
+        stack.callback(triton.stop)
+        triton.start()
+        nginx = NginxProxy(upstream_port=triton.ports.http, workdir=workdir / "nginx")
+        stack.callback(nginx.stop)
+        nginx.start()
+        sidecar = SidecarProcess(sidecar_settings(
+            triton, models=MODELS, golden_dir=built.golden_dir,
+            filtering={"rules": [CREDIT_FILTER_RULE]},
+            validation={"reject_non_finite": True},
+        ), workdir / "sidecar")
+        stack.callback(sidecar.stop)
+        sidecar.start()
+        legs: dict[str, str] = {"direct": triton.url, "nginx": nginx.url, "sidecar": sidecar.url}
+        probe = post(f"{sidecar.url}/v2/models/credit_risk/infer", requests["1x128 JSON"][0])
+        if probe.status in (404, 405) and not args.require_sidecar:
+            notes.append(f"the sidecar has no proxy yet (infer answered {probe.status}): sidecar leg skipped")
+            del legs["sidecar"]
+        for model in MODELS:
+            for request, x in requests.values():
+                for name, url in legs.items():
+                    problem = check_leg(name, url, model, request, x)
+                    if problem:
+                        raise SystemExit(f"correctness check failed before measuring: {problem}")
+        machine = describe_machine(triton.url)
+        # Warm-up: first connections, the stub's first batches, the sidecar's first requests.
+        for url in legs.values():
+            for model in MODELS:
+                wrk.run(f"{url}/v2/models/{model}/infer", requests["1x128 JSON"][0], connections=8, duration_s=1)
+        scenarios = [(m, r, c) for m in MODELS for r in requests for c in CONCURRENCY]
+        leg_names = list(legs)
+        for round_no in range(args.rounds):
+            for i, (model, request_name, concurrency) in enumerate(scenarios):
+                shift = (round_no + i) % len(leg_names)
+                for name in leg_names[shift:] + leg_names[:shift]:
+                    url = f"{legs[name]}/v2/models/{model}/infer"
+                    sidecar_before, nginx_before = cpu_seconds(sidecar.pid), nginx_cpu(nginx)
+                    result = wrk.run(url, requests[request_name][0], connections=concurrency,
+                                     duration_s=args.duration)
+                    sidecar_cpu, nginx_used = cpu_seconds(sidecar.pid) - sidecar_before, nginx_cpu(nginx) - nginx_before
+                    run = {"round": round_no, "model": model, "request": request_name,
+                           "concurrency": concurrency, "leg": name, **result.as_dict(),
+                           "sidecar_cpu_s": round(sidecar_cpu, 3), "nginx_cpu_s": round(nginx_used, 3)}
+                    runs.append(run)
+                    print(f"round {round_no + 1}/{args.rounds} {model:16} {request_name:14} c={concurrency} "
+                          f"{name:8} {result.throughput:8.0f} req/s p50 {result.latency_us['p50'] / 1000:6.3f} ms "
+                          f"p99 {result.latency_us['p99'] / 1000:6.3f} ms errors {result.error_count}", flush=True)
+        final_status = sidecar.status()
+    return {"benchmark": "proxy_overhead", "command": command_line(), "machine": machine,
+            "settings": {"rounds": args.rounds, "duration_s": args.duration, "load_generator": "wrk (Debian), 1 thread",
+                         "models": MODELS, "concurrency": CONCURRENCY, "legs": list(legs)},
+            "notes": notes, "runs": runs, "summary": summarise(runs),
+            "sidecar_states_at_end": {m: s["state"] for m, s in final_status["models"].items()}}
+
+
+def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (model, request, concurrency): medians per leg and the sidecar's cost against direct,
+    as medians of per-round differences and ratios (rounds alternate, so noise hits legs alike)."""
+    rows = []
+    keys = sorted({(r["model"], r["request"], r["concurrency"]) for r in runs},
+                  key=lambda k: (MODELS.index(k[0]), k[1], k[2]))
+    for model, request, concurrency in keys:
+        mine = [r for r in runs if (r["model"], r["request"], r["concurrency"]) == (model, request, concurrency)]
+        row: dict[str, Any] = {"model": model, "request": request, "concurrency": concurrency}
+        by_round: dict[int, dict[str, dict[str, Any]]] = {}
+        for r in mine:
+            by_round.setdefault(r["round"], {})[r["leg"]] = r
+            if r["leg"] == "direct":
+                by_round[r["round"]]["_sidecar_idle"] = r  # the sidecar's own background CPU
+        for leg in ("direct", "nginx", "sidecar"):
+            legs = [r for r in mine if r["leg"] == leg]
+            if not legs:
+                continue
+            row[leg] = {
+                "throughput_rps": round(statistics.median(r["throughput_rps"] for r in legs), 1),
+                "p50_ms": round(statistics.median(r["latency_ms"]["p50"] for r in legs), 3),
+                "p99_ms": round(statistics.median(r["latency_ms"]["p99"] for r in legs), 3),
+                "errors": sum(sum(r["errors"].values()) for r in legs),
+            }
+        for leg in ("nginx", "sidecar"):
+            pairs = [(rd["direct"], rd[leg]) for rd in by_round.values() if "direct" in rd and leg in rd]
+            if not pairs:
+                continue
+            row[leg]["added_p50_ms"] = round(statistics.median(b["latency_ms"]["p50"] - a["latency_ms"]["p50"]
+                                                               for a, b in pairs), 3)
+            row[leg]["throughput_ratio"] = round(statistics.median(
+                b["throughput_rps"] / a["throughput_rps"] for a, b in pairs if a["throughput_rps"]), 3)
+            cpu_key = f"{leg}_cpu_s"
+            row[leg]["cpu_ms_per_request"] = round(statistics.median(
+                1000 * b[cpu_key] / b["requests"] for _, b in pairs if b["requests"]), 4)
+            if leg == "sidecar":
+                # The probes' own CPU, measured while traffic went direct, subtracted per second.
+                row[leg]["cpu_ms_per_request_net"] = round(statistics.median(
+                    1000 * (b[cpu_key] - a["sidecar_cpu_s"] * b["duration_s"] / a["duration_s"]) / b["requests"]
+                    for a, b in pairs if b["requests"]), 4)
+        rows.append(row)
+    return rows
+
+
+def verdicts(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    found = []
+    for row in summary:
+        side = row.get("sidecar")
+        if not side:
+            continue
+        label = f"{row['model']} {row['request']} c={row['concurrency']}"
+        cpu = side["cpu_ms_per_request"]
+        found.append({"target": f"sidecar CPU ≤ {TARGET_CPU_MS_PER_REQUEST} ms/request", "case": label,
+                      "measured": cpu, "met": cpu <= TARGET_CPU_MS_PER_REQUEST})
+        if row["concurrency"] == 1:
+            found.append({"target": f"added p50 ≤ {TARGET_ADDED_P50_MS} ms at c=1", "case": label,
+                          "measured": side["added_p50_ms"], "met": side["added_p50_ms"] <= TARGET_ADDED_P50_MS})
+        if row["model"] == "credit_risk_2ms" and row["concurrency"] == 8:
+            found.append({"target": f"throughput ≥ {TARGET_THROUGHPUT_RATIO}× direct (2 ms model, c=8)",
+                          "case": label, "measured": side["throughput_ratio"],
+                          "met": side["throughput_ratio"] >= TARGET_THROUGHPUT_RATIO})
+    return found
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = ["| model | request | c | direct req/s | nginx req/s | sidecar req/s | direct p50/p99 ms "
+             "| nginx p50/p99 ms | sidecar p50/p99 ms | nginx +p50 ms | sidecar +p50 ms | sidecar/direct req/s "
+             "| sidecar CPU ms/req (net) | nginx CPU ms/req |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def leg(row: dict[str, Any], name: str, key: str) -> str:
+        return str(row[name][key]) if name in row and key in row[name] else "–"
+
+    def lat(row: dict[str, Any], name: str) -> str:
+        return f"{row[name]['p50_ms']} / {row[name]['p99_ms']}" if name in row else "–"
+
+    for row in result["summary"]:
+        cpu = leg(row, "sidecar", "cpu_ms_per_request")
+        if "sidecar" in row:
+            cpu += f" ({row['sidecar']['cpu_ms_per_request_net']})"
+        lines.append(
+            f"| {row['model']} | {row['request']} | {row['concurrency']} | {leg(row, 'direct', 'throughput_rps')} "
+            f"| {leg(row, 'nginx', 'throughput_rps')} | {leg(row, 'sidecar', 'throughput_rps')} "
+            f"| {lat(row, 'direct')} | {lat(row, 'nginx')} | {lat(row, 'sidecar')} "
+            f"| {leg(row, 'nginx', 'added_p50_ms')} | {leg(row, 'sidecar', 'added_p50_ms')} "
+            f"| {leg(row, 'sidecar', 'throughput_ratio')} | {cpu} | {leg(row, 'nginx', 'cpu_ms_per_request')} |")
+    checks = verdicts(result["summary"])
+    if checks:
+        lines += ["", "| target | case | measured | met |", "|---|---|---|---|"]
+        lines += [f"| {c['target']} | {c['case']} | {c['measured']} | {'yes' if c['met'] else '**no**'} |"
+                  for c in checks]
+    for note in result["notes"]:
+        lines.append(f"\nNote: {note}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.proxy_overhead", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--duration", type=int, default=5, help="seconds per leg per scenario (default 5)")
+    parser.add_argument("--require-sidecar", action="store_true",
+                        help="fail instead of skipping the sidecar leg when its proxy is missing")
+    args = parser.parse_args(argv)
+    interrupt_on_termination()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-proxy-") as scratch:
+        result = measure(args, Path(scratch))
+    result["wall_time_s"] = round(time.monotonic() - started, 1)
+    result["verdicts"] = verdicts(result["summary"])
+    path = write_results("proxy_overhead", result)
+    table = markdown(result)
+    path.with_suffix(".md").write_text(table)
+    print(f"\n{table}\nresults: {path}")
+    return 0 if all(v["met"] for v in result["verdicts"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

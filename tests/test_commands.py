@@ -1,0 +1,475 @@
+"""The operator commands against the real Triton: `record` writes what `check` accepts, `check` is a
+gate that fails a broken model with a readable difference, and `validate` names every bad file offline.
+
+The commands are driven through `sidecar.cli.main` in-process (their handlers call asyncio.run, so
+these tests are plain sync tests), and once through the installed console script."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sidecar.cli import main
+from sidecar.commands import stable_error_text
+from sidecar.golden import load_golden_dir, load_golden_file
+from sidecar.tritonserver import free_port
+from tests.harness import GOLDEN, REPO
+
+CONSOLE_SCRIPT = Path(sys.executable).parent / "triton-sidecar"
+EXAMPLE_MODELS = ["credit_risk", "image_classifier"]
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def parse_table(text: str) -> tuple[list[dict], list[str]]:
+    """The check table's rows (a failure's extra difference lines folded into its row) and the footer."""
+    lines = text.splitlines()
+    assert lines[0].split() == ["MODEL", "CHECK", "CASE", "RESULT", "LATENCY", "DETAIL"]
+    rows: list[dict] = []
+    for i, line in enumerate(lines[1:], start=1):
+        if not line:
+            return rows, lines[i + 1:]
+        if line.startswith(" "):
+            rows[-1]["lines"].append(line.strip())
+            continue
+        model, check, case, result, latency, *detail = re.split(r"\s{2,}", line, maxsplit=5)
+        rows.append({"model": model, "check": check, "case": None if case == "-" else case,
+                     "result": result.lower(), "latency": latency, "lines": detail})
+    raise AssertionError(f"no blank line before the footer in:\n{text}")
+
+
+def check_json(capsys, *argv: str) -> tuple[int, dict]:
+    code, out, _ = run_cli(capsys, "check", *argv, "--format", "json")
+    return code, json.loads(out)
+
+
+def write_request(path: Path, request: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(request))
+    return path
+
+
+# ---------------------------------------------------------------------------------------- record + check
+
+
+@pytest.mark.parametrize("model", EXAMPLE_MODELS)
+def test_record_then_check_round_trips_every_case_of_an_example_model(model, triton, tmp_path, capsys):
+    shipped = load_golden_dir(GOLDEN, models=[model])[model]
+    recorded_dir = tmp_path / "golden"
+    for case in shipped:
+        request = write_request(tmp_path / "requests" / f"{case.name}.json", dict(case.request))
+        out = recorded_dir / model / f"{case.name}.json"
+        extra = ["--expect-error"] if case.expects_error else []
+        code, printed, err = run_cli(capsys, "record", "--triton-url", triton.url, "--model", model,
+                                     "--request", request, "--out", out, *extra)
+        assert (code, err) == (0, ""), err
+        assert f"recorded {model}/{case.name} -> {out}" in printed
+
+        recorded = load_golden_file(out, model=model)
+        assert recorded.request["inputs"] == case.request["inputs"]
+        assert recorded.expect_status == case.expect_status
+        if case.expects_error:
+            assert case.error_contains in recorded.error_contains
+            assert "request id" not in recorded.error_contains
+        for name, expected in case.outputs.items():
+            got = recorded.outputs[name]
+            assert (got.datatype, got.shape) == (expected.datatype, expected.shape)
+            assert abs(got.data - expected.data).max() <= expected.atol
+
+    code, out, _ = run_cli(capsys, "check", "--triton-url", triton.url, "--golden-dir", recorded_dir,
+                           "--min-cases", len(shipped))
+    assert code == 0, out
+    rows, footer = parse_table(out)
+    assert {(r["case"], r["result"]) for r in rows if r["check"] == "golden"} == {
+        (c.name, "pass") for c in shipped}
+    assert footer[-1].startswith(f"check passed: 1 models; {len(shipped)} of {len(shipped)} golden cases passed")
+    assert not list(GOLDEN.rglob("*.tmp")), "record must never write into the repository's golden_requests"
+
+
+def test_record_takes_the_plain_example_request_and_writes_float32_values_compactly(triton, tmp_path, capsys):
+    out = tmp_path / "golden" / "credit_risk" / "typical.json"
+    code, _, err = run_cli(capsys, "record", "--triton-url", triton.url, "--model", "credit_risk",
+                           "--request", REPO / "examples" / "requests" / "credit_risk.json", "--out", out,
+                           "--description", "a typical applicant", "--atol", "1e-4", "--rtol", "0")
+    assert code == 0, err
+    text = out.read_text()
+    body = json.loads(text)
+    assert body["description"] == "a typical applicant"
+    scores = body["expect"]["outputs"]["scores"]
+    assert (scores["atol"], scores["rtol"], scores["shape"]) == (0.0001, 0, [1, 1])
+    assert re.search(r'"data": \[0\.434486\d{0,3}\]', text), "shortest float32 decimal, on one line"
+    assert not out.with_name(out.name + ".tmp").exists()
+
+
+def test_record_refuses_a_rejection_unless_told_to_expect_it_and_an_answer_when_told(triton, tmp_path, capsys):
+    short_row = {"inputs": [{"name": "features", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}
+    bad = write_request(tmp_path / "bad.json", short_row)
+    out = tmp_path / "golden" / "credit_risk" / "abnormal.json"
+    base = ["record", "--triton-url", triton.url, "--model", "credit_risk", "--out", out]
+
+    code, _, err = run_cli(capsys, *base, "--request", bad)
+    assert code == 1 and not out.exists()
+    assert "rejected the request (400" in err and "pass --expect-error" in err
+
+    code, _, err = run_cli(capsys, *base, "--request", REPO / "examples/requests/credit_risk.json", "--expect-error")
+    assert code == 1 and not out.exists()
+    assert "accepted the request (200) but --expect-error records only a rejection (4xx)" in err
+
+    code, _, err = run_cli(capsys, *base, "--request", bad, "--expect-error")
+    assert code == 0, err
+    expect = json.loads(out.read_text())["expect"]
+    assert expect == {"status": 400,
+                      "error_contains": "unexpected shape for input 'features' for model 'credit_risk'"}
+
+
+def test_record_refuses_a_model_that_is_not_loaded(triton, tmp_path, capsys):
+    out = tmp_path / "g" / "nope" / "case.json"
+    code, _, err = run_cli(capsys, "record", "--triton-url", triton.url, "--model", "no_such_model",
+                           "--request", REPO / "examples/requests/credit_risk.json", "--out", out,
+                           "--expect-error")
+    assert code == 1 and not out.exists()
+    assert "model 'no_such_model' is not ready" in err
+
+
+@pytest.mark.fault
+def test_record_refuses_nan_outputs_unless_allowed_and_then_pins_them(fresh_model, tmp_path, capsys):
+    fresh_model.inject("nan")
+    out = tmp_path / "golden" / fresh_model.name / "nan.json"
+    base = ["record", "--triton-url", fresh_model.triton.url, "--model", fresh_model.name,
+            "--request", REPO / "examples/requests/credit_risk.json", "--out", out]
+
+    code, _, err = run_cli(capsys, *base)
+    assert code == 1 and not out.exists()
+    assert "output scores holds nan at [0]" in err and "--allow-non-finite" in err
+
+    code, _, err = run_cli(capsys, *base, "--allow-non-finite")
+    assert code == 0, err
+    assert json.loads(out.read_text())["expect"]["outputs"]["scores"]["data"] == ["NaN"]
+    assert load_golden_file(out, model=fresh_model.name).allows_non_finite
+    code, printed, _ = run_cli(capsys, "check", "--triton-url", fresh_model.triton.url,
+                               "--golden-dir", out.parent.parent)
+    assert code == 0, printed
+
+
+def test_record_names_the_file_and_path_of_a_bad_request(tmp_path, capsys):
+    request = write_request(tmp_path / "r.json", {"inputs": [
+        {"name": "features", "shape": [1, 3], "datatype": "FP32", "data": [1.0, 2.0]}]})
+    code, _, err = run_cli(capsys, "record", "--triton-url", "http://127.0.0.1:1", "--model", "m",
+                           "--request", request, "--out", tmp_path / "m" / "c.json")
+    assert code == 2
+    assert err == f"triton-sidecar: error: {request}: at $.inputs[0].data: 2 values, but shape [1, 3] holds 3\n"
+
+    code, _, err = run_cli(capsys, "record", "--triton-url", "http://127.0.0.1:1", "--model", "m",
+                           "--request", request, "--out", tmp_path / "m" / "c.yaml")
+    assert code == 2 and "record writes JSON" in err
+
+
+@pytest.mark.parametrize(("message", "kept"), [
+    ("[request id: <id_unknown>] unexpected shape for input 'features' for model 'credit_risk'. Expected "
+     "[-1,128], got [1,64]. NOTE: Setting a non-zero max_batch_size ...",
+     "unexpected shape for input 'features' for model 'credit_risk'"),
+    ("[request id: 7f3c-11] image pixels must lie in [0, 1]", "image pixels must lie in [0, 1]"),
+    ("features must be finite numbers", "features must be finite numbers"),
+    ("x" * 400, "x" * 120),
+])
+def test_recorded_error_text_is_the_stable_start_of_tritons_message(message, kept):
+    assert stable_error_text(message) == kept
+
+
+# ------------------------------------------------------------------------------------------------ check
+
+
+def test_check_against_the_shipped_golden_requests_passes_through_the_console_script(triton):
+    result = subprocess.run(
+        [str(CONSOLE_SCRIPT), "check", "--triton-url", triton.url, "--golden-dir", str(GOLDEN),
+         "--min-cases", "3"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows, footer = parse_table(result.stdout)
+    assert {r["model"] for r in rows} == set(EXAMPLE_MODELS)
+    assert all(r["result"] == "pass" for r in rows)
+    assert footer == [f"check passed: 2 models; 6 of 6 golden cases passed, Triton {triton.url}"]
+
+
+@pytest.mark.fault
+def test_check_fails_a_drifted_model_with_the_first_differences(fresh_model, capsys):
+    fresh_model.inject("drift")
+    code, out, _ = run_cli(capsys, "check", "--triton-url", fresh_model.triton.url,
+                           "--golden-dir", fresh_model.golden_dir)
+    assert code == 1, out
+    rows, footer = parse_table(out)
+    results = {(r["check"], r["case"]): r for r in rows}
+    assert results[("metadata", None)]["result"] == "pass"
+    assert results[("golden", "abnormal_shape")]["result"] == "pass"  # Triton still rejects it itself
+    normal = results[("golden", "normal")]
+    assert normal["result"] == "fail" and normal["latency"].endswith(" ms")
+    assert re.fullmatch(r"scores\[0\] expected 0\.4345±5\.3e-05, got 0\.\d{4}", normal["lines"][0])
+    boundary = results[("golden", "boundary")]  # its saturated second row still scores 0
+    assert [line.split(" got ")[0] for line in boundary["lines"]] == ["scores[0] expected 0.4378±5.4e-05,"]
+    assert footer[0].startswith(f"FAIL {fresh_model.name}: golden case boundary: scores[0] expected 0.4378")
+    assert footer[-1].startswith("check FAILED: 1 of 1 models failed; 1 of 3 golden cases passed")
+
+
+def test_each_difference_of_a_failed_case_gets_its_own_line(triton, tmp_path, capsys):
+    body = json.loads((GOLDEN / "credit_risk" / "boundary.json").read_text())
+    body["expect"]["outputs"]["scores"]["data"] = [0.9, 0.5]
+    path = tmp_path / "golden" / "credit_risk" / "wrong.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(body))
+    code, out, _ = run_cli(capsys, "check", "--triton-url", triton.url, "--golden-dir", path.parent.parent)
+    assert code == 1
+    wrong = next(r for r in parse_table(out)[0] if r["case"] == "wrong")
+    assert wrong["lines"] == ["scores[0] expected 0.9000±0.0001, got 0.4378",
+                              "scores[1] expected 0.5000±6.0e-05, got 9.269e-09"]
+
+
+@pytest.mark.fault
+def test_check_fails_a_model_whose_stub_was_killed(fresh_model, capsys):
+    fresh_model.kill_stub()
+    code, out, _ = run_cli(capsys, "check", "--triton-url", fresh_model.triton.url,
+                           "--golden-dir", fresh_model.golden_dir)
+    assert code == 1, out
+    rows, footer = parse_table(out)
+    failed = [r for r in rows if r["result"] != "pass"]
+    assert failed and {r["model"] for r in failed} == {fresh_model.name}
+    assert footer[0].startswith(f"FAIL {fresh_model.name}: ")
+
+
+@pytest.mark.fault
+def test_json_output_holds_the_same_facts_as_the_table(fresh_model, triton, tmp_path, capsys):
+    golden = tmp_path / "golden"
+    shutil.copytree(fresh_model.golden_dir / fresh_model.name, golden / fresh_model.name)
+    shutil.copytree(GOLDEN / "credit_risk", golden / "credit_risk")
+    fresh_model.inject("drift")
+    args = ["--triton-url", triton.url, "--golden-dir", golden]
+
+    table_code, table, _ = run_cli(capsys, "check", *args)
+    json_code, report = check_json(capsys, *args)
+
+    assert table_code == json_code == 1
+    rows, footer = parse_table(table)
+    facts_from_table = [(r["model"], r["check"], r["case"], r["result"], r["lines"]) for r in rows]
+    facts_from_json = [
+        (m["model"], c["check"], c["case"], c["result"], c["differences"] or ([c["detail"]] if c["detail"] else []))
+        for m in report["models"] for c in m["checks"]
+    ]
+    assert facts_from_table == facts_from_json
+    # Two runs, so the latencies differ; both say which checks were timed (skipped ones are not).
+    assert [r["latency"] == "-" for r in rows] == [
+        c["latency_ms"] is None for m in report["models"] for c in m["checks"]]
+    assert (report["ok"], report["triton_answered"]) == (False, True)
+    assert {m["model"]: m["ok"] for m in report["models"]} == {"credit_risk": True, fresh_model.name: False}
+    assert report["summary"] == {"models": 2, "models_failed": 1, "cases": 6, "cases_passed": 4}
+    assert [line for line in footer if line.startswith("FAIL ")] == [
+        f"FAIL {m['model']}: {m['cause']}" for m in report["models"] if not m["ok"]]
+
+
+def test_min_cases_fails_a_model_with_too_few_golden_cases(triton, tmp_path, capsys):
+    golden = tmp_path / "golden"
+    (golden / "credit_risk").mkdir(parents=True)
+    shutil.copy(GOLDEN / "credit_risk" / "normal.json", golden / "credit_risk" / "normal.json")
+    args = ["check", "--triton-url", triton.url, "--golden-dir", golden]
+
+    assert run_cli(capsys, *args)[0] == 0
+    code, out, _ = run_cli(capsys, *args, "--min-cases", "3")
+    assert code == 1
+    rows, _ = parse_table(out)
+    assert rows[-1]["check"] == "min_cases" and rows[-1]["result"] == "fail"
+    assert rows[-1]["lines"] == [f"1 golden case(s) in {golden / 'credit_risk'}, --min-cases asks for at least 3"]
+    assert [r["result"] for r in rows[:-1]] == ["pass"] * 4  # the probes themselves passed
+
+    code, report = check_json(capsys, "--triton-url", triton.url, "--golden-dir", GOLDEN, "--min-cases", "3")
+    assert code == 0 and report["min_cases"] == 3
+
+
+def test_check_of_a_named_model_without_golden_files_fails_unless_min_cases_is_zero(triton, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    args = ["check", "--triton-url", triton.url, "--golden-dir", tmp_path / "empty", "--model", "credit_risk"]
+    assert run_cli(capsys, *args)[0] == 1
+    code, out, _ = run_cli(capsys, *args, "--min-cases", "0")
+    assert code == 0, out
+    assert [r["check"] for r in parse_table(out)[0]] == ["server_ready", "model_ready", "metadata"]
+
+
+def test_check_exits_1_with_a_clear_line_when_triton_does_not_answer(tmp_path, capsys):
+    url = f"http://127.0.0.1:{free_port()}"
+    code, out, _ = run_cli(capsys, "check", "--triton-url", url, "--golden-dir", GOLDEN, "--timeout", "2")
+    assert code == 1
+    rows, footer = parse_table(out)
+    assert rows[0]["check"] == "server_ready" and rows[0]["result"] == "fail"
+    assert footer[-1].startswith(f"check FAILED: Triton at {url} did not answer (server ready: Triton unreachable")
+    assert footer[-1].endswith("2 of 2 models could not be judged")
+    code, report = check_json(capsys, "--triton-url", url, "--golden-dir", GOLDEN)
+    assert code == 1 and report["triton_answered"] is False
+
+
+def test_check_usage_errors_exit_2_with_one_line(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "check", "--triton-url", "http://127.0.0.1:1",
+                             "--golden-dir", tmp_path / "missing")
+    assert (code, out) == (2, "")
+    assert err == f"triton-sidecar: error: {tmp_path / 'missing'}: golden directory not found (pass --golden-dir)\n"
+
+    bad = tmp_path / "golden" / "credit_risk" / "broken.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("{")
+    code, _, err = run_cli(capsys, "check", "--triton-url", "http://127.0.0.1:1", "--golden-dir", bad.parent.parent)
+    assert code == 2 and err.startswith(f"triton-sidecar: error: {bad}: not valid JSON") and err.count("\n") == 1
+
+    with pytest.raises(SystemExit) as exited:
+        main(["check", "--triton-url", "127.0.0.1:8000"])
+    assert exited.value.code == 2
+    assert "expected http://host:port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["check", "record", "validate"])
+def test_every_command_explains_itself_with_an_example(command, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    help_text = capsys.readouterr().out
+    assert "examples:\n  triton-sidecar " + command in help_text
+    assert "exit codes:" in help_text
+
+
+# --------------------------------------------------------------------------------------------- validate
+
+
+GOOD_CASE = json.loads((GOLDEN / "credit_risk" / "normal.json").read_text())
+
+
+def _bad_golden_json(d: Path) -> str:
+    path = d / "golden" / "m" / "case.json"
+    path.write_text('{"request": {"inputs": []},\n  "expect": }')
+    return f"{path}: not valid JSON (line 2, column 13): Expecting value"
+
+
+def _unknown_golden_key(d: Path) -> str:
+    path = d / "golden" / "m" / "case.json"
+    path.write_text(json.dumps({**GOOD_CASE, "expected": {}}))
+    return f"{path}: at $: Additional properties are not allowed ('expected' was unexpected)"
+
+
+def _shape_data_mismatch(d: Path) -> str:
+    path = d / "golden" / "m" / "short.json"
+    body = json.loads(json.dumps(GOOD_CASE))
+    body["request"]["inputs"][0]["data"] = body["request"]["inputs"][0]["data"][:100]
+    path.write_text(json.dumps(body))
+    return f"{path}: at $.request.inputs[0].data: 100 values, but shape [1, 128] holds 128"
+
+
+def _bad_config_key(d: Path) -> str:
+    (d / "sidecar.yaml").write_text(f"golden_dir: {d / 'golden'}\nprobes:\n  intervall_s: 2\n")
+    return f"{d / 'sidecar.yaml'}: unknown key 'probes.intervall_s' (known here: failure_threshold, interval_s"
+
+
+def _bad_schema_file(d: Path) -> str:
+    (d / "credit_risk.schema.json").write_text(json.dumps({
+        "$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+        "properties": {"inputs": {"type": "arrray"}}}))
+    (d / "sidecar.yaml").write_text(
+        f"golden_dir: {d / 'golden'}\nvalidation:\n  schemas:\n    credit_risk: {d / 'credit_risk.schema.json'}\n")
+    return (f"{d / 'credit_risk.schema.json'}: at $.properties.inputs.type: not a valid Draft 2020-12 schema: "
+            "'arrray' is not valid under any of the given schemas")
+
+
+def _missing_schema_file(d: Path) -> str:
+    (d / "sidecar.yaml").write_text(
+        f"golden_dir: {d / 'golden'}\nvalidation:\n  schemas:\n    credit_risk: {d / 'nowhere.json'}\n")
+    return (f"{d / 'nowhere.json'}: cannot read the request schema for credit_risk "
+            "(validation.schemas.credit_risk): No such file or directory")
+
+
+def _schema_file_not_json(d: Path) -> str:
+    (d / "s.json").write_text("{'type': 'object'}")
+    (d / "sidecar.yaml").write_text(f"golden_dir: {d / 'golden'}\nvalidation:\n  schemas:\n    m: {d / 's.json'}\n")
+    return f"{d / 's.json'}: not valid JSON (line 1, column 2)"
+
+
+BAD_FILES = {
+    "golden file is not JSON": _bad_golden_json,
+    "golden file has an unknown key": _unknown_golden_key,
+    "golden data does not fill its shape": _shape_data_mismatch,
+    "config has an unknown key": _bad_config_key,
+    "request schema is not a valid schema": _bad_schema_file,
+    "request schema file is missing": _missing_schema_file,
+    "request schema file is not JSON": _schema_file_not_json,
+}
+
+
+@pytest.fixture
+def no_sidecar_env(monkeypatch):
+    import os
+
+    for name in [n for n in os.environ if n.startswith("SIDECAR_")]:
+        monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize("kind", list(BAD_FILES))
+def test_validate_names_the_file_and_path_of_each_kind_of_bad_file(kind, tmp_path, capsys, no_sidecar_env):
+    (tmp_path / "golden" / "m").mkdir(parents=True)
+    expected = BAD_FILES[kind](tmp_path)
+    config = tmp_path / "sidecar.yaml"
+    args = ["--config", config] if config.exists() else ["--golden-dir", tmp_path / "golden"]
+    code, out, err = run_cli(capsys, "validate", *args)
+    assert code == 2, out
+    problems = [line for line in out.splitlines() if not line.startswith(("note:", "validate:"))]
+    assert len(problems) == 1, out
+    assert problems[0].startswith(expected)
+    assert out.splitlines()[-1].startswith("validate: 1 problem(s)")
+
+
+def test_validate_reports_every_problem_not_only_the_first(tmp_path, capsys, no_sidecar_env):
+    (tmp_path / "golden" / "m").mkdir(parents=True)
+    expected = [make(tmp_path) for make in (_bad_golden_json, _shape_data_mismatch, _bad_schema_file)]
+    (tmp_path / "golden" / "m" / "two_mistakes.json").write_text(json.dumps(
+        {**GOOD_CASE, "expect": {"status": 600, "outputz": {}}}))
+    (tmp_path / "sidecar.yaml").write_text(
+        (tmp_path / "sidecar.yaml").read_text() + "probes:\n  intervall_s: 2\n  timeout_s: -1\nhealng: {}\n")
+    code, out, _ = run_cli(capsys, "validate", "--config", tmp_path / "sidecar.yaml")
+    assert code == 2
+    two = tmp_path / "golden" / "m" / "two_mistakes.json"
+    for wanted in [
+        *expected,
+        f"{tmp_path / 'sidecar.yaml'}: unknown key 'healng'",
+        f"{tmp_path / 'sidecar.yaml'}: unknown key 'probes.intervall_s'",
+        f"{tmp_path / 'sidecar.yaml'}: key 'probes.timeout_s': -1 is less than or equal to the minimum of 0",
+        f"{two}: at $.expect: Additional properties are not allowed ('outputz' was unexpected)",
+        f"{two}: at $.expect.status: 600 is greater than the maximum of 499",
+    ]:
+        assert sum(line.startswith(wanted) for line in out.splitlines()) == 1, f"{wanted!r} not once in:\n{out}"
+    assert out.splitlines()[-1].startswith("validate: 8 problem(s)")
+
+
+def test_validate_accepts_the_shipped_files_and_a_good_schema(tmp_path, capsys, no_sidecar_env, monkeypatch):
+    schema = tmp_path / "credit_risk.schema.yaml"
+    schema.write_text("$schema: https://json-schema.org/draft/2020-12/schema\ntype: object\nrequired: [inputs]\n")
+    config = tmp_path / "sidecar.yaml"
+    config.write_text(f"validation:\n  schemas:\n    credit_risk: {schema}\n")
+    monkeypatch.chdir(REPO)  # golden_dir defaults to golden_requests, relative to the working directory
+    code, out, _ = run_cli(capsys, "validate", "--config", config)
+    assert code == 0, out
+    assert out.splitlines()[-1] == (f"validate: OK (config {config}, 6 golden files for 2 models in "
+                                    "golden_requests, 1 request schemas)")
+
+
+def test_validate_notes_files_the_sidecar_would_ignore(tmp_path, capsys, no_sidecar_env):
+    model = tmp_path / "golden" / "credit_risk"
+    model.mkdir(parents=True)
+    shutil.copy(GOLDEN / "credit_risk" / "normal.json", model / "normal.json")
+    (model / "boundary.jsn").write_text("{}")
+    (tmp_path / "golden" / "other").mkdir()
+    code, out, _ = run_cli(capsys, "validate", "--golden-dir", tmp_path / "golden")
+    assert code == 0, out
+    assert f"note: {model / 'boundary.jsn'}: ignored (golden files end in .json, .yaml, .yml)" in out
+    assert f"note: {tmp_path / 'golden' / 'other'}: no golden files" in out
