@@ -81,9 +81,9 @@ def test_a_bad_config_file_is_one_line_naming_the_file_and_key(tmp_path, text, e
 
 
 def test_a_bad_environment_override_names_the_variable_or_key():
-    with pytest.raises(ConfigError, match="SIDECAR_PROBES_INTERVALL_S: unknown key probes.intervall_s"):
+    with pytest.raises(ConfigError, match=r"SIDECAR_PROBES_INTERVALL_S: unknown key probes\.intervall_s"):
         load_config(None, environ={"SIDECAR_PROBES_INTERVALL_S": "1"})
-    with pytest.raises(ConfigError, match="key 'probes.interval_s': -1 is less than or equal to the minimum of 0"):
+    with pytest.raises(ConfigError, match=r"key 'probes\.interval_s': -1 is less than or equal to the minimum of 0"):
         load_config(None, environ={"SIDECAR_PROBES_INTERVAL_S": "-1"})
 
 

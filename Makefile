@@ -1,0 +1,40 @@
+# Two entry points for a fresh Debian machine: `make demo` and `make test`.
+# Everything they need is installed here: nothing is assumed to be on the machine but Python 3.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test lint system-deps clean
+
+# The python backend's stub embeds Debian's own Python 3.11, which imports numpy from Debian's
+# packages (it ignores virtualenvs and PYTHONPATH); promtool checks the alert rules.
+system-deps:
+	@if ! /usr/bin/python3 -c 'import numpy' 2>/dev/null || ! command -v promtool >/dev/null; then \
+	  echo "Installing Debian packages: python3-numpy prometheus (for promtool)"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    python3-numpy prometheus >/dev/null; \
+	fi
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+demo: system-deps $(VENV)/.installed
+	$(BIN)/triton-sidecar demo
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check sidecar tests bench
+	$(BIN)/lint-imports
+
+test: system-deps lint
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
