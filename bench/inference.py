@@ -22,8 +22,9 @@ def features(rows: int, seed: int = 7) -> np.ndarray:
 def json_request(x: np.ndarray, name: str | None = None) -> RequestBody:
     """The v2 JSON request for `features`, without an outputs list (so every output comes back and
     the sidecar's filter has something to drop)."""
-    body = {"inputs": [{"name": "features", "shape": list(x.shape), "datatype": "FP32",
-                        "data": [float(v) for v in x.ravel()]}]}
+    # The decimals a client writes (0.2987), not float32's widened repr (0.29870000481605530).
+    data = [round(float(v), 4) for v in x.ravel()]
+    body = {"inputs": [{"name": "features", "shape": list(x.shape), "datatype": "FP32", "data": data}]}
     rows, cols = x.shape
     return RequestBody(name or f"{rows}x{cols}-json", json.dumps(body, separators=(",", ":")).encode())
 

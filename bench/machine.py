@@ -9,6 +9,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -92,3 +93,15 @@ def write_results(name: str, payload: dict[str, Any]) -> Path:
     path.write_text(body)
     (OUT_DIR / f"{name}-latest.json").write_text(body)
     return path
+
+
+def keep_logs(workdir: Path, name: str) -> Path:
+    """Copy every *.log under a benchmark's temp dir to bench/out/logs/<name>/ before it is removed."""
+    target = OUT_DIR / "logs" / name
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    for log in Path(workdir).rglob("*.log"):
+        relative = log.relative_to(workdir)
+        shutil.copy(log, target / "_".join(relative.parts))
+    return target

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from bench.inference import binary_request, features, json_request, post
-from bench.machine import command_line, describe_machine, write_results
+from bench.machine import command_line, describe_machine, keep_logs, write_results
 from bench.nginx import NginxProxy
 from bench.procfs import children, cpu_seconds
 from bench.repository import BENCH_MODELS, credit_clones, credit_risk_scores
@@ -238,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     interrupt_on_termination()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as scratch:
-        result = measure(args, Path(scratch))
+        try:
+            result = measure(args, Path(scratch))
+        finally:
+            keep_logs(Path(scratch), "proxy_overhead")
     result["wall_time_s"] = round(time.monotonic() - started, 1)
     result["verdicts"] = verdicts(result["summary"])
     path = write_results("proxy_overhead", result)

@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.machine import command_line, describe_machine, write_results
+from bench.machine import command_line, describe_machine, keep_logs, write_results
 from bench.repository import WEIGHTED_PROBE_FEATURES, weighted_models, weighted_scores
 from bench.shutdown import interrupt_on_termination
 from bench.sidecar_process import SidecarProcess, sidecar_settings
@@ -205,7 +205,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     verdicts = [
         {"target": f"recovery ≤ {TARGET_RECOVERY_S_PLUS_LOAD} s + load time ({load_s:.2f} s)",
          "measured": heal_s, "met": heal_s is not None and heal_s <= TARGET_RECOVERY_S_PLUS_LOAD + load_s},
-        {"target": "other models 100% correct during every heal", "measured": summary["others_correct_share_during_heals_min"],
+        {"target": "other models 100% correct during every heal",
+         "measured": summary["others_correct_share_during_heals_min"],
          "met": bool(heal_share) and min(heal_share) == 1.0},
         {"target": "recovery faster than a restart", "measured": f"{heal_s} s vs {restart_s} s",
          "met": heal_s is not None and restart_s is not None and heal_s < restart_s},
@@ -221,13 +222,16 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     s = result["summary"]
     lines = [
-        f"Model load (unload→load of {VICTIM}, median): {s['model_load_s_median']} s; bystanders via {s['bystanders_via']}.",
+        f"Model load (unload→load of {VICTIM}, median): {s['model_load_s_median']} s; "
+        f"bystanders via {s['bystanders_via']}.",
         "",
-        "| scenario | n | median s | max s | other 4 models: correct share (worst) | other 4: sent / correct / 503+RA / other / wrong |",
+        "| scenario | n | median s | max s | other 4 models: correct share (worst) "
+        "| other 4: sent / correct / 503+RA / other / wrong |",
         "|---|---|---|---|---|---|",
     ]
-    for label, rows, key, share in (("heal in place (kill stub → HEALTHY)", result["faults"], "recovery_s", min),
-                                    ("restart Triton (kill → all answering)", result["restarts"], "time_to_answer_s", max)):
+    scenarios = (("heal in place (kill stub → HEALTHY)", result["faults"], "recovery_s", min),
+                 ("restart Triton (kill → all answering)", result["restarts"], "time_to_answer_s", max))
+    for label, rows, key, share in scenarios:
         if not rows:
             continue
         totals = {k: sum(r["others"][k] for r in rows) for k in rows[0]["others"]}
@@ -254,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     interrupt_on_termination()
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as scratch:
-        result = asyncio.run(run(args, Path(scratch)))
+        try:
+            result = asyncio.run(run(args, Path(scratch)))
+        finally:
+            keep_logs(Path(scratch), "recovery")
     path = write_results("recovery", result)
     table = markdown(result)
     path.with_suffix(".md").write_text(table)

@@ -67,6 +67,8 @@ class Traffic:
     base_url: str
     timeout_s: float = 30.0
     outcomes: list[Outcome] = field(default_factory=list)
+    #: Sends fixed_rate() left out because max_in_flight requests were already waiting.
+    skipped: int = 0
 
     async def call(self, call: ModelCall, base_url: str | None = None) -> Outcome:
         started = time.monotonic()
@@ -101,6 +103,8 @@ class Traffic:
                     task = asyncio.create_task(self.call(calls[sent % len(calls)]))
                     in_flight.add(task)
                     task.add_done_callback(in_flight.discard)
+                else:
+                    self.skipped += 1
                 sent += 1
                 await asyncio.sleep(max(0.0, start + sent * interval - time.monotonic()))
         finally:

@@ -158,8 +158,8 @@ def _add_check_parser(commands: Any) -> None:
                        help="Triton's HTTP endpoint, e.g. http://127.0.0.1:8000")
     check.add_argument("--golden-dir", type=Path, default=DEFAULT_GOLDEN_DIR, metavar="DIR",
                        help="directory of <model>/<case>.json golden files (default: golden_requests)")
-    check.add_argument("--model", action="append", metavar="NAME",
-                       help="check this model (repeat for more; default: every model with a golden folder)")
+    check.add_argument("--model", action="extend", nargs="+", metavar="NAME",
+                       help="check these models (default: every model with a folder in the golden directory)")
     check.add_argument("--min-cases", type=_non_negative_int, default=1, metavar="N",
                        help="fail a model with fewer than N golden cases (default 1: a model with none "
                             "fails; 0 checks readiness and metadata only)")
@@ -242,7 +242,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     models = wanted if wanted is not None else sorted(cases)
     if not models:
         raise CommandError(f"{golden_dir}: no <model>/ folders with golden requests: nothing to check "
-                           "(name models with --model to check their readiness only)")
+                           "(to check only readiness, name models with --model and pass --min-cases 0)")
     report = asyncio.run(run_check(
         args.triton_url, {m: cases.get(m, ()) for m in models},
         golden_dir=golden_dir, min_cases=args.min_cases, timeout_s=args.timeout,

@@ -67,8 +67,10 @@ class HealingSection:
     #: Wait (s) before the second attempt; doubled each time up to backoff_max_s.
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 30.0
-    #: Unload is asynchronous in Triton: how long (s) to poll until the model is really gone.
-    unload_timeout_s: float = 30.0
+    #: Unload is asynchronous in Triton: how long (s) to poll until the model is really gone before
+    #: loading anyway. A healthy instance is gone in 1-2 s; one whose stub died or hangs never is
+    #: (Triton 2.51), so this bounds the heal time for exactly the faults that need healing.
+    unload_timeout_s: float = 10.0
     #: How long (s) a load may take until the model is ready; size it for the slowest model.
     load_timeout_s: float = 120.0
     #: Models healed at the same time; each reload competes for the pod's CPU and memory.
@@ -140,6 +142,8 @@ class ProxySection:
     passive_failure_threshold: int = 3
     #: Retry-After (s) sent with 503s for quarantined models.
     retry_after_s: int = 5
+    #: Bound (s) on receiving one request body; a client that trickles it slower gets 408.
+    client_body_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -278,6 +282,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
             allow_statistics=_BOOL,
             passive_failure_threshold=_int(1),
             retry_after_s=_int(1),
+            client_body_timeout_s=_POSITIVE,
         ),
         "metrics": _section(include_triton=_BOOL, triton_timeout_s=_POSITIVE),
         "logging": _section(

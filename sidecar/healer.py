@@ -159,15 +159,17 @@ class Healer:
                 log.info("heal_unloaded", model=model, duration_ms=_ms(step))
                 return
             await self._sleep(POLL_INTERVAL_S)
-        # A model stuck in execute() never finishes unloading; Triton still loads a fresh
-        # instance next to the stuck one, so carry on rather than give up on the model.
+        # On Triton 2.51 an instance whose stub died (after requests reached it) or hangs in
+        # execute() never finishes unloading; a load still starts a fresh instance next to the
+        # stuck one, so carry on rather than give up on the model.
         log.warning("heal_unload_incomplete", model=model, waited_s=self._settings.unload_timeout_s,
                     cause="still unloading (a hung execute() keeps its instance); loading anyway")
 
     async def _is_gone(self, model: str) -> bool:
         try:
             index = await self._triton.repository_index()
-        except (TritonError, TritonUnavailable):
+        except (TritonError, TritonUnavailable) as e:
+            log.debug("heal_unload_poll_failed", model=model, cause=str(e))
             return False
         states = [e.get("state") for e in index if e.get("name") == model]
         return all(s not in ("READY", "UNLOADING", "LOADING") for s in states)

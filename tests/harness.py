@@ -35,7 +35,7 @@ GOLDEN = REPO / "golden_requests"
 
 #: Probe settings scaled down for tests: a fault is detected in about a second.
 FAST_PROBES = {"interval_s": 0.5, "timeout_s": 0.5, "failure_threshold": 2, "success_threshold": 1, "jitter": 0.1}
-FAST_HEALING = {"backoff_initial_s": 0.2, "backoff_max_s": 1.0, "unload_timeout_s": 5.0, "load_timeout_s": 30.0}
+FAST_HEALING = {"backoff_initial_s": 0.2, "backoff_max_s": 1.0, "unload_timeout_s": 2.0, "load_timeout_s": 30.0}
 #: Extra time allowed on top of a computed bound: this machine is shared and noisy.
 SLACK_S = 2.0
 

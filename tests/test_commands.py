@@ -6,20 +6,23 @@ these tests are plain sync tests), and once through the installed console script
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from sidecar.cli import main
-from sidecar.commands import stable_error_text
+from sidecar.commands import render_table, report_as_json, run_check, stable_error_text
 from sidecar.golden import load_golden_dir, load_golden_file
 from sidecar.tritonserver import free_port
-from tests.harness import GOLDEN, REPO
+from tests.harness import GOLDEN, REPO, SLACK_S
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "triton-sidecar"
 EXAMPLE_MODELS = ["credit_risk", "image_classifier"]
@@ -275,6 +278,36 @@ def test_json_output_holds_the_same_facts_as_the_table(fresh_model, triton, tmp_
         f"FAIL {m['model']}: {m['cause']}" for m in report["models"] if not m["ok"]]
 
 
+def test_both_renderings_of_one_report_agree_on_every_latency(triton):
+    cases = load_golden_dir(GOLDEN)
+    report = asyncio.run(run_check(triton.url, cases, golden_dir=GOLDEN, min_cases=3, timeout_s=10))
+    rows, _ = parse_table(render_table(report))
+    as_json = json.loads(json.dumps(report_as_json(report)))
+    timed = [c for m in as_json["models"] for c in m["checks"]]
+    assert len(rows) == len(timed) == 12
+    # The table shows tenths of a millisecond, the JSON hundredths: equal within the table's rounding.
+    for row, check in zip(rows, timed, strict=True):
+        assert abs(float(row["latency"].removesuffix(" ms")) - check["latency_ms"]) <= 0.055, (row, check)
+    assert [(r["model"], r["check"], r["case"], r["result"]) for r in rows] == [
+        (m["model"], c["check"], c["case"], c["result"]) for m in as_json["models"] for c in m["checks"]]
+
+
+@pytest.mark.fault
+def test_check_stops_a_hung_model_at_the_timeout_and_skips_its_remaining_cases(fresh_model, capsys):
+    fresh_model.inject("hang")
+    started = time.monotonic()
+    code, out, _ = run_cli(capsys, "check", "--triton-url", fresh_model.triton.url,
+                           "--golden-dir", fresh_model.golden_dir, "--timeout", "1")
+    assert code == 1
+    assert time.monotonic() - started < 1 + SLACK_S, "one hung case costs one timeout, not one per case"
+    golden = [(r["case"], r["result"], r["lines"]) for r in parse_table(out)[0] if r["check"] == "golden"]
+    assert golden == [
+        ("abnormal_shape", "pass", []),  # rejected by Triton before the model runs
+        ("boundary", "timeout", ["no answer within 1 s"]),
+        ("normal", "skipped", ["not run: golden case boundary timed out"]),
+    ]
+
+
 def test_min_cases_fails_a_model_with_too_few_golden_cases(triton, tmp_path, capsys):
     golden = tmp_path / "golden"
     (golden / "credit_risk").mkdir(parents=True)
@@ -295,11 +328,14 @@ def test_min_cases_fails_a_model_with_too_few_golden_cases(triton, tmp_path, cap
 
 def test_check_of_a_named_model_without_golden_files_fails_unless_min_cases_is_zero(triton, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    args = ["check", "--triton-url", triton.url, "--golden-dir", tmp_path / "empty", "--model", "credit_risk"]
+    args = ["check", "--triton-url", triton.url, "--golden-dir", tmp_path / "empty", "--model", "credit_risk",
+            "image_classifier"]
     assert run_cli(capsys, *args)[0] == 1
     code, out, _ = run_cli(capsys, *args, "--min-cases", "0")
     assert code == 0, out
-    assert [r["check"] for r in parse_table(out)[0]] == ["server_ready", "model_ready", "metadata"]
+    assert [(r["model"], r["check"]) for r in parse_table(out)[0]] == [
+        (model, check) for model in ("credit_risk", "image_classifier")
+        for check in ("server_ready", "model_ready", "metadata")]
 
 
 def test_check_exits_1_with_a_clear_line_when_triton_does_not_answer(tmp_path, capsys):
@@ -409,8 +445,6 @@ BAD_FILES = {
 
 @pytest.fixture
 def no_sidecar_env(monkeypatch):
-    import os
-
     for name in [n for n in os.environ if n.startswith("SIDECAR_")]:
         monkeypatch.delenv(name)
 
@@ -422,7 +456,7 @@ def test_validate_names_the_file_and_path_of_each_kind_of_bad_file(kind, tmp_pat
     config = tmp_path / "sidecar.yaml"
     args = ["--config", config] if config.exists() else ["--golden-dir", tmp_path / "golden"]
     code, out, err = run_cli(capsys, "validate", *args)
-    assert code == 2, out
+    assert (code, err) == (2, ""), out
     problems = [line for line in out.splitlines() if not line.startswith(("note:", "validate:"))]
     assert len(problems) == 1, out
     assert problems[0].startswith(expected)
