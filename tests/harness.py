@@ -99,6 +99,10 @@ class FreshModel:
     def unload(self) -> None:
         triton_post(self.triton, f"/v2/repository/models/{self.name}/unload")
 
+    def index_state(self) -> str | None:
+        _, index = triton_post(self.triton, "/v2/repository/index")
+        return next((e.get("state") for e in index or [] if e.get("name") == self.name), None)
+
     def stubs(self) -> list[int]:
         return stub_pids(self.name, parent=self.triton.pid)
 
@@ -119,7 +123,12 @@ class FreshModel:
         (self.path / "1" / "model.py").write_text("raise RuntimeError('model file corrupted by the test')\n")
 
     def remove(self) -> None:
+        """Unload and wait until Triton has let go, so the shared server stays ready for the next
+        test; stubs that never let go (hung, or dead with requests in flight) are killed."""
         self.unload()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and self.index_state() in ("UNLOADING", "READY", "LOADING"):
+            time.sleep(0.05)
         for pid in self.stubs():
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -127,14 +136,14 @@ class FreshModel:
                 pass
 
 
-def sidecar_config(triton: LocalTriton, *, models: list[str], golden_dir: Path, **sections: dict) -> SidecarConfig:
+def sidecar_config(server: LocalTriton, /, *, models: list[str], golden_dir: Path, **sections: dict) -> SidecarConfig:
     """The default config pointed at `triton`, with fast probes; `sections` override whole keys."""
     base = load_config(None, environ={})
     probes = replace(base.probes, **{**FAST_PROBES, **sections.pop("probes", {})})
     healing = replace(base.healing, **{**FAST_HEALING, **sections.pop("healing", {})})
     config = replace(
         base,
-        triton=replace(base.triton, url=triton.url, metrics_url=triton.metrics_url),
+        triton=replace(base.triton, url=server.url, metrics_url=server.metrics_url),
         listen=replace(base.listen, host="127.0.0.1", port=0),
         models=tuple(models),
         golden_dir=golden_dir,
