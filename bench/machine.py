@@ -84,14 +84,18 @@ def command_line() -> str:
     return " ".join([".venv/bin/python", "-m", f"bench.{module}", *map(shlex.quote, sys.argv[1:])])
 
 
-def write_results(name: str, payload: dict[str, Any]) -> Path:
-    """bench/out/<name>-<UTC timestamp>.json and bench/out/<name>-latest.json (gitignored)."""
+def write_results(name: str, payload: dict[str, Any], table: str = "") -> Path:
+    """bench/out/<name>-<UTC timestamp>.json and <name>-latest.json (gitignored), and the Markdown
+    table as .md next to both."""
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     body = json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n"
     path = OUT_DIR / f"{name}-{stamp}.json"
     path.write_text(body)
     (OUT_DIR / f"{name}-latest.json").write_text(body)
+    if table:
+        path.with_suffix(".md").write_text(table)
+        (OUT_DIR / f"{name}-latest.md").write_text(table)
     return path
 
 

@@ -41,3 +41,40 @@ def children(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(entry.name))
     return found
+
+
+_TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
+               "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN",
+               "0B": "CLOSING"}
+
+
+def describe_fds(pid: int) -> dict[str, int]:
+    """Open descriptors by kind; TCP sockets as "tcp <state> local:<port>|remote:<port>", to tell a leak
+    of connections to Triton from a pool of clients' keep-alive connections."""
+    inodes: dict[str, tuple[str, str, str]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+            inodes[fields[9]] = (_TCP_STATES.get(fields[3], fields[3]), str(local_port), str(remote_port))
+    kinds: dict[str, int] = {}
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inode = target[8:-1]
+            state, local, remote = inodes.get(inode, ("unix-or-other", "", ""))
+            kind = f"tcp {state} local:{local} remote:{remote}" if local else "socket (unix/other)"
+        elif target.startswith(("pipe:", "anon_inode:")):
+            kind = target.split("[")[0].split(":")[0] + ":" + target.split(":")[1].split("[")[0]
+        else:
+            kind = "file"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds

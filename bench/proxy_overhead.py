@@ -23,9 +23,11 @@ from typing import Any
 import numpy as np
 
 from bench.inference import binary_request, features, json_request, post
-from bench.machine import command_line, describe_machine, keep_logs, write_results
+from bench.machine import OUT_DIR, command_line, describe_machine, keep_logs, write_results
 from bench.nginx import NginxProxy
 from bench.procfs import children, cpu_seconds
+from bench.profile import finish_recording, start_recording, summarise_folded
+from bench.profile import markdown as profile_markdown
 from bench.repository import BENCH_MODELS, credit_clones, credit_risk_scores
 from bench.shutdown import interrupt_on_termination
 from bench.sidecar_process import CREDIT_FILTER_RULE, SidecarProcess, sidecar_settings
@@ -75,6 +77,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     wrk = Wrk(workdir / "wrk")
     runs: list[dict[str, Any]] = []
     notes: list[str] = []
+    profile: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         triton = LocalTriton(model_repository=built.repository, models=MODELS, workdir=workdir / "triton")
         stack.callback(triton.stop)
@@ -123,12 +126,30 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     print(f"round {round_no + 1}/{args.rounds} {model:16} {request_name:14} c={concurrency} "
                           f"{name:8} {result.throughput:8.0f} req/s p50 {result.latency_us['p50'] / 1000:6.3f} ms "
                           f"p99 {result.latency_us['p99'] / 1000:6.3f} ms errors {result.error_count}", flush=True)
+        if "sidecar" in legs and args.profile > 0:
+            profile = profile_sidecar(sidecar, wrk, requests, args.profile)
         final_status = sidecar.status()
     return {"benchmark": "proxy_overhead", "command": command_line(), "machine": machine,
             "settings": {"rounds": args.rounds, "duration_s": args.duration, "load_generator": "wrk (Debian), 1 thread",
                          "models": MODELS, "concurrency": CONCURRENCY, "legs": list(legs)},
-            "notes": notes, "runs": runs, "summary": summarise(runs),
+            "notes": notes, "runs": runs, "summary": summarise(runs), "profile": profile,
             "sidecar_states_at_end": {m: s["state"] for m, s in final_status["models"].items()}}
+
+
+def profile_sidecar(sidecar: SidecarProcess, wrk: Wrk, requests: dict[str, tuple[RequestBody, np.ndarray]],
+                    seconds: int) -> dict[str, Any]:
+    """py-spy on the sidecar while wrk sends 1x128 JSON to credit_risk at concurrency 8."""
+    folded = OUT_DIR / "proxy_overhead-profile.folded"
+    recorder = start_recording(sidecar.pid, seconds, folded)
+    if recorder is None:
+        return {"error": "py-spy is not installed (pip install py-spy)"}
+    wrk.run(f"{sidecar.url}/v2/models/credit_risk/infer", requests["1x128 JSON"][0], connections=8,
+            duration_s=seconds + 1)
+    error = finish_recording(recorder)
+    if error:
+        return {"error": error}
+    return {"scenario": "credit_risk 1x128 JSON c=8", "seconds": seconds, "folded_stacks": str(folded),
+            **summarise_folded(folded)}
 
 
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -222,6 +243,10 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "| target | case | measured | met |", "|---|---|---|---|"]
         lines += [f"| {c['target']} | {c['case']} | {c['measured']} | {'yes' if c['met'] else '**no**'} |"
                   for c in checks]
+    if result.get("profile"):
+        lines += ["", f"Profile of the sidecar ({result['profile'].get('scenario', '')}, py-spy):", ""]
+        lines.append(profile_markdown(result["profile"]) if "error" not in result["profile"]
+                     else f"(no profile: {result['profile']['error']})")
     for note in result["notes"]:
         lines.append(f"\nNote: {note}")
     return "\n".join(lines) + "\n"
@@ -232,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     parser.add_argument("--duration", type=int, default=5, help="seconds per leg per scenario (default 5)")
+    parser.add_argument("--profile", type=int, default=10,
+                        help="seconds of py-spy on the sidecar at the end, if py-spy is installed (0: none)")
     parser.add_argument("--require-sidecar", action="store_true",
                         help="fail instead of skipping the sidecar leg when its proxy is missing")
     args = parser.parse_args(argv)
@@ -244,9 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             keep_logs(Path(scratch), "proxy_overhead")
     result["wall_time_s"] = round(time.monotonic() - started, 1)
     result["verdicts"] = verdicts(result["summary"])
-    path = write_results("proxy_overhead", result)
     table = markdown(result)
-    path.with_suffix(".md").write_text(table)
+    path = write_results("proxy_overhead", result, table)
     print(f"\n{table}\nresults: {path}")
     return 0 if all(v["met"] for v in result["verdicts"]) else 1
 

@@ -143,14 +143,40 @@ async def restart_phase(args: argparse.Namespace, triton: LocalTriton, traffic: 
     return restarts
 
 
-async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+async def measure_phases(args: argparse.Namespace, triton: LocalTriton, sidecar: SidecarProcess,
+                         calls: dict[str, ModelCall], others: list[str], notes: list[str]
+                         ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        traffic = Traffic(session, sidecar.url)
+        proxied = (await traffic.call(calls[others[0]])).category == "correct"
+        if not proxied:
+            notes.append("the sidecar has no working proxy yet: the bystander client went straight to Triton "
+                         "during heals too")
+            traffic.base_url = triton.url
+        traffic.outcomes.clear()
+        clients = [asyncio.create_task(traffic.closed_loop(calls[m], CLIENT_PAUSE_S), name=f"client:{m}")
+                   for m in others]
+        try:
+            faults = await heal_phase(args, triton, sidecar, traffic, others, session)
+            sidecar.stop()  # what users do today has no sidecar
+            traffic.base_url = triton.url
+            restarts = await restart_phase(args, triton, traffic, calls, others)
+        finally:
+            for task in clients:
+                task.cancel()
+            await asyncio.gather(*clients, return_exceptions=True)
+    return faults, restarts, proxied
+
+
+def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Blocking set-up here, outside the event loop, so that Ctrl-C stops it at once."""
     print(f"writing {args.models} weights files of {args.weights_mb} MB ...", flush=True)
     built, weights = weighted_models(workdir, count=args.models, weights_mb=args.weights_mb)
     body = json.dumps({"inputs": [{"name": "features", "shape": [1, 128], "datatype": "FP32",
                                    "data": WEIGHTED_PROBE_FEATURES.ravel().tolist()}]}).encode()
     calls = {m: ModelCall(m, body, weighted_scores(weights[m], WEIGHTED_PROBE_FEATURES)) for m in built.models}
     others = [m for m in built.models if m != VICTIM]
-    notes = []
+    notes: list[str] = []
     with contextlib.ExitStack() as stack:
         triton = LocalTriton(model_repository=built.repository, models=built.models, workdir=workdir / "triton")
         stack.callback(triton.stop)
@@ -169,25 +195,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         stack.callback(sidecar.stop)
         sidecar.start(ready_timeout_s=300)
         machine = describe_machine(triton.url)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            traffic = Traffic(session, sidecar.url)
-            proxied = (await traffic.call(calls[others[0]])).category == "correct"
-            if not proxied:
-                notes.append("the sidecar has no working proxy yet: the bystander client went straight to Triton "
-                             "during heals too")
-                traffic.base_url = triton.url
-            traffic.outcomes.clear()
-            clients = [asyncio.create_task(traffic.closed_loop(calls[m], CLIENT_PAUSE_S), name=f"client:{m}")
-                       for m in others]
-            try:
-                faults = await heal_phase(args, triton, sidecar, traffic, others, session)
-                sidecar.stop()  # what users do today has no sidecar
-                traffic.base_url = triton.url
-                restarts = await restart_phase(args, triton, traffic, calls, others)
-            finally:
-                for task in clients:
-                    task.cancel()
-                await asyncio.gather(*clients, return_exceptions=True)
+        faults, restarts, proxied = asyncio.run(measure_phases(args, triton, sidecar, calls, others, notes))
     load_s = statistics.median(load_times)
     heal_s = statistics.median(f["recovery_s"] for f in faults) if faults else None
     restart_s = statistics.median(r["time_to_answer_s"] for r in restarts) if restarts else None
@@ -259,12 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     interrupt_on_termination()
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as scratch:
         try:
-            result = asyncio.run(run(args, Path(scratch)))
+            result = run(args, Path(scratch))
         finally:
             keep_logs(Path(scratch), "recovery")
-    path = write_results("recovery", result)
     table = markdown(result)
-    path.with_suffix(".md").write_text(table)
+    path = write_results("recovery", result, table)
     print(f"\n{table}\nresults: {path}")
     return 0 if all(v["met"] for v in result["verdicts"]) else 1
 

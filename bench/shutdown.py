@@ -12,6 +12,8 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def interrupt_on_termination() -> None:
-    """Call once at the start of a benchmark's main()."""
+    """Call once at the start of a benchmark's main(). SIGINT is set too: a shell starts background
+    jobs with SIGINT ignored, and `kill -INT` must still stop the benchmark cleanly."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)

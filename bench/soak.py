@@ -36,7 +36,7 @@ import aiohttp
 from bench.faults import FAULT_DESCRIPTIONS, FAULT_KINDS, FaultyModel
 from bench.inference import features, json_request
 from bench.machine import command_line, describe_machine, keep_logs, write_results
-from bench.procfs import open_fds, rss_bytes
+from bench.procfs import describe_fds, open_fds, rss_bytes
 from bench.repository import EXAMPLES, FAULTY_TEMPLATE, copy_golden, copy_model, credit_risk_scores
 from bench.shutdown import interrupt_on_termination
 from bench.sidecar_process import CREDIT_FILTER_RULE, SidecarProcess, sidecar_settings
@@ -71,9 +71,10 @@ class SoakSettings:
     unload_timeout_s: float | None = None
     #: Longest wait (s) for the faulted model to be HEALTHY again before the soak fails.
     heal_deadline_s: float = 120.0
-    #: Idle time (s) after the load before the end count of descriptors: longer than aiohttp's
-    #: client keep-alive (15 s), so pooled connections to Triton have closed.
-    settle_s: float = 16.0
+    #: Idle time (s) after the load before the end count of descriptors: aiohttp closes a pooled
+    #: connection idle for keepalive_timeout (15 s) at its next cleanup pass, which runs every 15 s,
+    #: so a connection may stay open up to 30 s after its last use.
+    settle_s: float = 32.0
 
 
 @dataclass
@@ -104,6 +105,8 @@ class SoakReport:
     samples: list[dict[str, Any]] = field(default_factory=list)
     examples_of_failures: list[dict[str, Any]] = field(default_factory=list)
     skipped_sends: int = 0
+    fd_kinds_start: dict[str, int] = field(default_factory=dict)
+    fd_kinds_end: dict[str, int] = field(default_factory=dict)
 
 
 def _since(start: float, end: float | None) -> float | None:
@@ -202,6 +205,7 @@ async def _soak(settings: SoakSettings, triton: LocalTriton, sidecar: SidecarPro
     faults: list[FaultRecord] = []
     samples: list[dict[str, Any]] = []
     fds_start = open_fds(sidecar.pid)  # idle, before any load: compared with idle after it
+    fd_kinds_start = _group_ports(describe_fds(sidecar.pid), sidecar, triton)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         traffic = Traffic(session, sidecar.url, timeout_s=settings.upstream_timeout_s * 2 + 5)
         load = asyncio.create_task(traffic.fixed_rate(calls, settings.rate), name="soak-load")
@@ -233,10 +237,30 @@ async def _soak(settings: SoakSettings, triton: LocalTriton, sidecar: SidecarPro
     # open after that is a leak.
     await asyncio.sleep(settings.settle_s)
     fds_end = open_fds(sidecar.pid)
+    fd_kinds_end = _group_ports(describe_fds(sidecar.pid), sidecar, triton)
     samples.append({"t_s": round(time.monotonic() - started, 1), "rss_mb": round(rss_bytes(sidecar.pid) / 2**20, 2),
                     "fds": fds_end, "idle": True})
-    return judge_soak(traffic.outcomes, faults, settings, rss=(rss_start, rss_end), fds=(fds_start, fds_end),
-                      skipped=traffic.skipped, samples=samples)
+    report = judge_soak(traffic.outcomes, faults, settings, rss=(rss_start, rss_end), fds=(fds_start, fds_end),
+                        skipped=traffic.skipped, samples=samples)
+    report.fd_kinds_start, report.fd_kinds_end = fd_kinds_start, fd_kinds_end
+    return report
+
+
+def _group_ports(kinds: dict[str, int], sidecar: SidecarProcess, triton: LocalTriton) -> dict[str, int]:
+    """Name the ports: which connections are to Triton, which from clients."""
+    names = {str(triton.ports.http): "triton-http", str(triton.ports.metrics): "triton-metrics",
+             str(sidecar.settings["listen"]["port"]): "sidecar"}
+    grouped: dict[str, int] = {}
+    for kind, n in kinds.items():
+        if kind.startswith("tcp "):
+            _, state, local, remote = kind.split(" ")
+            local_port, remote_port = local.split(":")[1], remote.split(":")[1]
+            if remote_port in names:
+                kind = f"tcp {state} to {names[remote_port]}"
+            elif local_port in names:
+                kind = f"tcp {state} on {names[local_port]}"
+        grouped[kind] = grouped.get(kind, 0) + n
+    return grouped
 
 
 def run_soak(settings: SoakSettings, workdir: Path) -> SoakReport:
@@ -308,9 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             keep_logs(Path(scratch), "soak")
     result = {"benchmark": "soak", "command": command_line(), "machine": machine, "settings": asdict(settings),
               "fault_kinds": FAULT_DESCRIPTIONS, "report": asdict(report)}
-    path = write_results("soak", result)
     table = markdown(result)
-    path.with_suffix(".md").write_text(table)
+    path = write_results("soak", result, table)
     print(f"\n{table}\nresults: {path}")
     if not report.passed:
         print(json.dumps(report.examples_of_failures, indent=1), file=sys.stderr)

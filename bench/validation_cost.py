@@ -179,9 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-time", type=float, default=0.2, help="seconds per sample (default 0.2)")
     args = parser.parse_args(argv)
     result = run(args)
-    path = write_results("validation_cost", result)
     table = markdown(result)
-    path.with_suffix(".md").write_text(table)
+    path = write_results("validation_cost", result, table)
     print(f"\n{table}\nresults: {path}")
     return 0 if all(v["met"] for v in result["verdicts"]) else 1
 

@@ -61,7 +61,7 @@ from sidecar.validation import (
     validate_infer_request,
 )
 
-log = structlog.get_logger().bind(logger="sidecar.proxy")
+log = structlog.get_logger("sidecar.proxy")
 
 # Reasons of the proxy's own answers (validation's reasons are in sidecar.validation).
 FORBIDDEN_ENDPOINT = "forbidden_endpoint"  # 403
@@ -435,6 +435,13 @@ def _proxied(handler: ProxyHandler) -> Callable[[web.Request], Awaitable[web.Str
         started = time.perf_counter()
         ctx = RequestContext(_request_id(request.headers.get("X-Request-ID")),
                              _trace_id(request.headers.get("traceparent")))
+
+        def record(status: int, reason: str) -> None:
+            duration = time.perf_counter() - started
+            metrics.proxy_requests.labels(model=ctx.label, code=str(status)).inc()
+            metrics.proxy_duration.labels(model=ctx.label).observe(duration)
+            proxy.access_log(request, ctx, status, duration, reason)
+
         reason = ""
         with structlog.contextvars.bound_contextvars(request_id=ctx.request_id, trace_id=ctx.trace_id):
             try:
@@ -446,12 +453,16 @@ def _proxied(handler: ProxyHandler) -> Callable[[web.Request], Awaitable[web.Str
                 response, reason = e.response(), e.reason
                 if e.before_triton:
                     metrics.proxy_rejections.labels(model=ctx.label, reason=reason).inc()
+            except asyncio.CancelledError:
+                # The server cancels handlers of gone clients when run with handler_cancellation.
+                record(499, CLIENT_GONE)
+                raise
             response.headers["X-Request-ID"] = ctx.request_id
-            duration = time.perf_counter() - started
-            status = 499 if reason == CLIENT_GONE else response.status
-            metrics.proxy_requests.labels(model=ctx.label, code=str(status)).inc()
-            metrics.proxy_duration.labels(model=ctx.label).observe(duration)
-            proxy.access_log(request, ctx, status, duration, reason)
+            if request.can_read_body and not request.content.is_eof():
+                # Refused before its body was read: aiohttp drains and drops the rest (never
+                # buffered); the connection must not be reused for another request.
+                response.force_close()
+            record(499 if reason == CLIENT_GONE else response.status, reason)
         return response
 
     run.__name__ = handler.__name__

@@ -119,6 +119,10 @@ class LocalTriton:
             raise TritonServerError("tritonserver is not running")
         return self._process.pid
 
+    def is_ready(self) -> bool:
+        """Triton answers 200 on /v2/health/ready (every loaded model ready, in strict mode)."""
+        return _http_ok(f"{self.url}/v2/health/ready")
+
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
@@ -192,7 +196,7 @@ class LocalTriton:
                 raise TritonServerError(
                     f"tritonserver exited during start-up; last log lines:\n{self.log_tail()}"
                 )
-            if _http_ok(f"{self.url}/v2/health/ready"):
+            if self.is_ready():
                 return
             time.sleep(0.1)
         raise TritonServerError(

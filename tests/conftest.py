@@ -4,6 +4,7 @@ break a model, and a fresh Triton for those that break the server."""
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -29,6 +30,21 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
     server.start()
     yield server
     server.stop(grace_s=3)
+
+
+@pytest.fixture(autouse=True)
+def _shared_triton_is_left_ready(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that leaves the shared Triton "not ready" would fail the tests after it in
+    confusing ways; fail it instead, by name."""
+    yield
+    if "triton" not in request.fixturenames:
+        return
+    server: LocalTriton = request.getfixturevalue("triton")
+    deadline = time.monotonic() + 10
+    while not server.is_ready():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{request.node.nodeid} left the shared Triton not ready")
+        time.sleep(0.1)
 
 
 @pytest.fixture

@@ -123,10 +123,12 @@ class FreshModel:
         (self.path / "1" / "model.py").write_text("raise RuntimeError('model file corrupted by the test')\n")
 
     def remove(self) -> None:
-        """Unload and wait until Triton has let go, so the shared server stays ready for the next
-        test; stubs that never let go (hung, or dead with requests in flight) are killed."""
+        """Leave the shared Triton ready for the next test. An instance whose stub died or hangs
+        never finishes unloading and keeps the server "not ready" (strict readiness); a fresh load
+        replaces it, and that healthy instance then unloads cleanly."""
+        self.load_quietly()
         self.unload()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 10
         while time.monotonic() < deadline and self.index_state() in ("UNLOADING", "READY", "LOADING"):
             time.sleep(0.05)
         for pid in self.stubs():
@@ -134,6 +136,9 @@ class FreshModel:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+    def load_quietly(self) -> None:
+        triton_post(self.triton, f"/v2/repository/models/{self.name}/load")
 
 
 def sidecar_config(server: LocalTriton, /, *, models: list[str], golden_dir: Path, **sections: dict) -> SidecarConfig:

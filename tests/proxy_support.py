@@ -4,18 +4,24 @@ Triton's own counters, raw HTTP for limits, and a sidecar on its own thread for 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import tritonclient.http as triton_http
+from aiohttp import web
+from prometheus_client import CollectorRegistry
 
+from sidecar.app import create_app
 from sidecar.config import FilterRule, SidecarConfig
+from sidecar.golden import load_golden_dir
 from sidecar.states import ModelState
 from sidecar.tritonserver import LocalTriton
 from tests.harness import GOLDEN, RunningSidecar, sidecar_config, start_sidecar, stop_sidecar, wait_for
@@ -150,3 +156,21 @@ class SidecarThread:
                 return response.status, dict(response.headers), response.read()
         except urllib.error.HTTPError as e:
             return e.code, dict(e.headers), e.read()
+
+
+@contextlib.asynccontextmanager
+async def served_like_production(
+        config: SidecarConfig) -> AsyncIterator[tuple[web.Application, CollectorRegistry, str]]:
+    """The app behind a plain AppRunner, as `triton-sidecar run` serves it: unlike aiohttp's TestServer,
+    handlers are NOT cancelled when a client disconnects, so the proxy has to notice by itself."""
+    registry = CollectorRegistry()
+    app = create_app(config, registry=registry, golden=load_golden_dir(config.golden_dir))
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield app, registry, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()

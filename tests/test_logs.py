@@ -56,7 +56,23 @@ def _tensor_values() -> list[str]:
     return inputs + outputs
 
 
-def test_a_real_heal_is_logged_as_json_lines_step_by_step_without_tensor_data(triton, fresh_model):
+def _post(url: str, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+def test_a_real_heal_is_logged_as_json_lines_step_by_step_without_tensor_data(triton, fresh_model, tmp_path):
+    config = tmp_path / "sidecar.yaml"
+    config.write_text(f"filtering:\n  rules:\n  - {{model: '{fresh_model.name}', drop_outputs: ['income_prob']}}\n")
+    golden = json.loads((GOLDEN / "credit_risk" / "normal.json").read_text())["request"]
+    request = json.dumps(golden).encode()  # asks for scores only
+    plain = {"inputs": golden["inputs"]}  # all outputs: the filter must drop income_prob
+    _, direct = _post(f"{triton.url}/v2/models/{fresh_model.name}/infer", json.dumps(plain).encode())
+    income = next(o for o in direct["outputs"] if o["name"] == "income_prob")["data"][0]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {
@@ -72,10 +88,15 @@ def test_a_real_heal_is_logged_as_json_lines_step_by_step_without_tensor_data(tr
         "SIDECAR_HEALING_UNLOAD_TIMEOUT_S": "2",
         "SIDECAR_LOGGING_LEVEL": "debug",
     }
-    process = subprocess.Popen([sys.executable, "-m", "sidecar", "run"], cwd=REPO, env=env,
+    process = subprocess.Popen([sys.executable, "-m", "sidecar", "run", "--config", str(config)], cwd=REPO, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _poll(lambda: _state(url, fresh_model.name) == "HEALTHY", 30, "HEALTHY")
+        infer = f"{url}/v2/models/{fresh_model.name}/infer"
+        status, answer = _post(infer, json.dumps(plain).encode())
+        assert status == 200 and [o["name"] for o in answer["outputs"]] == ["scores"]
+        assert _post(infer, request)[0] == 200
+        assert _post(infer, b'{"inputs": [')[0] == 400
         fresh_model.kill_stub()
         _poll(lambda: _state(url, fresh_model.name) == "HEALING", 15, "HEALING")
         _poll(lambda: _state(url, fresh_model.name) == "HEALTHY", 30, "HEALTHY again")
@@ -116,7 +137,11 @@ def test_a_real_heal_is_logged_as_json_lines_step_by_step_without_tensor_data(tr
     for step in ("heal_ready", "heal_verified", "heal_attempt_succeeded"):
         assert next(e for e in model_events if e["event"] == step)["duration_ms"] >= 0
     assert any(e["event"] == "probe_failed" and e.get("probe") == "golden" for e in model_events)
+    rejected = [e for e in model_events if e["event"] == "proxy_request" and e.get("status") == 400]
+    assert rejected and rejected[0]["reason"] and rejected[0]["request_id"]
 
-    for value in _tensor_values():
-        assert value not in stdout, f"tensor value {value} leaked into the log"
-    assert '"data"' not in stdout
+    # Timestamps hold digits too: look at everything else in each event.
+    text = "\n".join(json.dumps({k: v for k, v in e.items() if k != "timestamp"}) for e in events)
+    for value in [*_tensor_values(), str(income)[:8]]:
+        assert value not in text, f"tensor value {value} leaked into the log"
+    assert '"data"' not in text
