@@ -33,14 +33,17 @@ from sidecar.golden import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
     FLOAT_DATATYPES,
-    GOLDEN_SCHEMA,
     GOLDEN_SUFFIXES,
     GoldenCase,
     GoldenFileError,
     ReceivedOutput,
+    check_request,
     dump_golden_case,
+    golden_file_problems,
+    json_path,
     load_golden_dir,
     load_golden_file,
+    short_message,
 )
 from sidecar.probes import GOLDEN, SERVER_READY, ProbeResult, RoundResult, probe_model
 from sidecar.triton import TritonClient, TritonError, TritonUnavailable
@@ -473,9 +476,6 @@ def _cmd_record(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_REQUEST_VALIDATOR = jsonschema.Draft202012Validator(GOLDEN_SCHEMA["properties"]["request"])
-
-
 def read_request_file(path: Path) -> tuple[dict[str, Any], str]:
     """The v2 request body in `path` (or the request of a golden file) and the golden description."""
     try:
@@ -489,15 +489,10 @@ def read_request_file(path: Path) -> tuple[dict[str, Any], str]:
     if isinstance(raw, dict) and "request" in raw and "inputs" not in raw:
         description = raw.get("description", "") if isinstance(raw.get("description"), str) else ""
         raw, where = raw["request"], "$.request"
-    errors = sorted(_REQUEST_VALIDATOR.iter_errors(raw), key=lambda e: list(e.absolute_path))
-    if errors:
-        error = errors[0]
-        raise CommandError(f"{path}: at {_json_path(error.absolute_path, where)}: {_short(error.message)}")
-    for i, tensor in enumerate(raw["inputs"]):
-        count, holds = _flat_length(tensor["data"]), math.prod(tensor["shape"])
-        if count != holds:
-            raise CommandError(f"{path}: at {where}.inputs[{i}].data: {count} values, "
-                               f"but shape {list(tensor['shape'])} holds {holds}")
+    try:
+        check_request(raw, path, where)
+    except GoldenFileError as e:
+        raise CommandError(str(e)) from e
     return raw, description
 
 
@@ -764,7 +759,7 @@ def _config_error_lines(source: str, error: jsonschema.ValidationError) -> list[
         known = ", ".join(sorted(known_keys))
         return [f"{source}: unknown key {'.'.join(p for p in (key_path, extra) if p)!r} (known here: {known})"
                 for extra in sorted(set(error.instance) - set(known_keys))]
-    return [f"{source}: key {key_path or '(top level)'!r}: {_short(error.message)}"]
+    return [f"{source}: key {key_path or '(top level)'!r}: {short_message(error.message)}"]
 
 
 def _check_golden_dir(golden_dir: Path, report: ValidationReport) -> None:
@@ -785,29 +780,7 @@ def _check_golden_dir(golden_dir: Path, report: ValidationReport) -> None:
                 report.problems.append(f"{path}: case name {path.stem!r} is also used by {by_name[path.stem]}")
             by_name.setdefault(path.stem, path)
             report.golden_files += 1
-            report.problems.extend(_golden_file_problems(path, model_dir.name))
-
-
-_GOLDEN_VALIDATOR = jsonschema.Draft202012Validator(GOLDEN_SCHEMA)
-
-
-def _golden_file_problems(path: Path, model: str) -> list[str]:
-    """What `load_golden_file` says (its first problem), plus the schema's other complaints."""
-    try:
-        load_golden_file(path, model=model)
-        return []
-    except GoldenFileError as e:
-        problems = [str(e)]
-    try:
-        text = path.read_text()
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError):
-        return problems  # unreadable or unparsable: the one problem above says so
-    for error in sorted(_GOLDEN_VALIDATOR.iter_errors(raw), key=lambda e: list(e.absolute_path)):
-        problem = f"{path}: at {_json_path(error.absolute_path)}: {_short(error.message)}"
-        if problem not in problems:
-            problems.append(problem)
-    return problems
+            report.problems.extend(golden_file_problems(path, model=model_dir.name))
 
 
 def _schema_problems(model: str, path: Path) -> list[str]:
@@ -835,29 +808,9 @@ def _schema_problems(model: str, path: Path) -> list[str]:
         meta = jsonschema.Draft202012Validator(jsonschema.Draft202012Validator.META_SCHEMA,
                                                format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
         errors = sorted(meta.iter_errors(schema), key=lambda err: [str(p) for p in err.absolute_path]) or [e]
-        problems.extend(f"{path}: at {_json_path(err.absolute_path)}: not a valid Draft 2020-12 schema: "
-                        f"{_short(err.message)}" for err in errors)
+        problems.extend(f"{path}: at {json_path(err.absolute_path)}: not a valid Draft 2020-12 schema: "
+                        f"{short_message(err.message)}" for err in errors)
     return problems
-
-
-# ----------------------------------------------------------------------------------- shared wording
-
-
-def _json_path(parts: Iterable[Any], root: str = "$") -> str:
-    out = root
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else f".{p}"
-    return out
-
-
-def _short(message: str, limit: int = 160) -> str:
-    return message if len(message) <= limit else message[: limit - 3] + "..."
-
-
-def _flat_length(data: Any) -> int:
-    if isinstance(data, list):
-        return sum(_flat_length(d) for d in data)
-    return 1
 
 
 __all__ = [

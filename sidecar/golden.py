@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,17 @@ NUMPY_DTYPES: Mapping[str, Any] = {
 FLOAT_DATATYPES = frozenset({"FP16", "FP32", "FP64"})
 _NON_FINITE_WORDS = {"NaN": math.nan, "nan": math.nan, "Infinity": math.inf, "inf": math.inf,
                      "-Infinity": -math.inf, "-inf": -math.inf}
+
+
+class _GoldenYamlLoader(yaml.SafeLoader):
+    """YAML 1.1 reads `1e-05` (no dot) as a string; tolerances copied from JSON must stay numbers."""
+
+
+_GoldenYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
 
 
 class GoldenFileError(ValueError):
@@ -184,14 +196,45 @@ def load_golden_dir(golden_dir: Path, models: Iterable[str] | None = None) -> di
     return cases
 
 
+_REQUEST_VALIDATOR = jsonschema.Draft202012Validator(GOLDEN_SCHEMA["properties"]["request"])
+
+
+def check_request(request: Any, path: Path, where: str = "$.request") -> None:
+    """A v2 inference request as golden files hold it: schema, and data lengths that fit shapes."""
+    errors = sorted(_REQUEST_VALIDATOR.iter_errors(request), key=lambda e: list(e.absolute_path))
+    if errors:
+        error = errors[0]
+        raise GoldenFileError(f"{path}: at {json_path(error.absolute_path, where)}: {short_message(error.message)}")
+    for i, tensor in enumerate(request["inputs"]):
+        _check_data_matches_shape(path, f"{where}.inputs[{i}]", tensor)
+
+
+def golden_file_problems(path: Path, *, model: str) -> list[str]:
+    """Every problem of a golden file (the first one `load_golden_file` raises, then the schema's
+    other complaints), each naming the file and the JSON path; empty when the file loads."""
+    try:
+        load_golden_file(path, model=model)
+        return []
+    except GoldenFileError as e:
+        problems = [str(e)]
+    try:
+        raw = _read(path)
+    except GoldenFileError:
+        return problems  # unreadable or unparsable: the one problem above says so
+    for error in sorted(_VALIDATOR.iter_errors(raw), key=lambda e: list(e.absolute_path)):
+        problem = f"{path}: at {json_path(error.absolute_path)}: {short_message(error.message)}"
+        if problem not in problems:
+            problems.append(problem)
+    return problems
+
+
 def load_golden_file(path: Path, *, model: str) -> GoldenCase:
     raw = _read(path)
     errors = sorted(_VALIDATOR.iter_errors(raw), key=lambda e: list(e.absolute_path))
     if errors:
         error = errors[0]
-        raise GoldenFileError(f"{path}: at {_json_path(error.absolute_path)}: {_short(error.message)}")
-    for i, tensor in enumerate(raw["request"]["inputs"]):
-        _check_data_matches_shape(path, f"$.request.inputs[{i}]", tensor)
+        raise GoldenFileError(f"{path}: at {json_path(error.absolute_path)}: {short_message(error.message)}")
+    check_request(raw["request"], path)
     expect = raw["expect"]
     outputs = {}
     for name, spec in expect.get("outputs", {}).items():
@@ -232,7 +275,7 @@ def _read(path: Path) -> Any:
     try:
         if path.suffix == ".json":
             return json.loads(text)
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_GoldenYamlLoader)  # noqa: S506 - a SafeLoader subclass
     except json.JSONDecodeError as e:
         raise GoldenFileError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from e
     except yaml.YAMLError as e:
@@ -240,7 +283,7 @@ def _read(path: Path) -> Any:
 
 
 def _check_data_matches_shape(path: Path, where: str, tensor: Mapping[str, Any]) -> None:
-    count = _flat_length(tensor["data"])
+    count = flat_length(tensor["data"])
     expected = math.prod(tensor["shape"])
     if count != expected:
         raise GoldenFileError(
@@ -248,9 +291,10 @@ def _check_data_matches_shape(path: Path, where: str, tensor: Mapping[str, Any])
         )
 
 
-def _flat_length(data: Any) -> int:
+def flat_length(data: Any) -> int:
+    """Number of scalars in a (possibly nested) JSON `data` list."""
     if isinstance(data, list):
-        return sum(_flat_length(d) for d in data)
+        return sum(flat_length(d) for d in data)
     return 1
 
 
@@ -277,14 +321,16 @@ def _expected_array(path: Path, where: str, spec: Mapping[str, Any]) -> np.ndarr
     return np.array(values, dtype=np.float64)
 
 
-def _json_path(parts: Iterable[Any]) -> str:
-    out = "$"
+def json_path(parts: Iterable[Any], root: str = "$") -> str:
+    """`$.request.inputs[0].data` from jsonschema's path parts: how every message names a place."""
+    out = root
     for p in parts:
         out += f"[{p}]" if isinstance(p, int) else f".{p}"
     return out
 
 
-def _short(message: str, limit: int = 160) -> str:
+def short_message(message: str, limit: int = 160) -> str:
+    """jsonschema echoes whole values (a 3072-float list); keep messages to one readable line."""
     return message if len(message) <= limit else message[: limit - 3] + "..."
 
 

@@ -128,6 +128,15 @@ def test_yaml_golden_files_are_accepted(tmp_path):
     assert case.name == "case" and case.expect_status == 400 and case.error_contains == "negative"
 
 
+def test_yaml_exponent_numbers_without_a_dot_are_numbers(tmp_path):
+    path = tmp_path / "m" / "case.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text("request:\n  inputs:\n  - {name: x, shape: [1], datatype: FP32, data: [1e-3]}\n"
+                    "expect:\n  outputs:\n    y: {datatype: FP32, shape: [1], data: [2E+2], atol: 1e-05}\n")
+    (case,) = load_golden_dir(tmp_path)["m"]
+    assert case.outputs["y"].atol == 1e-05 and case.outputs["y"].data[0] == 200.0
+
+
 def test_written_golden_files_read_back_the_same(tmp_path):
     original = json.loads((REPO / "golden_requests" / "credit_risk" / "normal.json").read_text())
     text = dump_golden_case(original)
