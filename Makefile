@@ -11,11 +11,12 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # The python backend's stub embeds Debian's own Python 3.11, which imports numpy from Debian's
 # packages (it ignores virtualenvs and PYTHONPATH); promtool checks the alert rules.
 system-deps:
-	@if ! /usr/bin/python3 -c 'import numpy' 2>/dev/null || ! command -v promtool >/dev/null; then \
-	  echo "Installing Debian packages: python3-numpy prometheus (for promtool)"; \
+	@if ! /usr/bin/python3 -c 'import numpy' 2>/dev/null || ! command -v promtool >/dev/null \
+	    || ! ldconfig -p | grep -q 'libpython3.11.so.1.0'; then \
+	  echo "Installing Debian packages: python3-numpy libpython3.11 prometheus (for promtool)"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-	    python3-numpy prometheus >/dev/null; \
+	    python3-numpy libpython3.11 prometheus >/dev/null; \
 	fi
 
 $(BIN)/python:

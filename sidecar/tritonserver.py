@@ -194,7 +194,7 @@ class LocalTriton:
         while time.monotonic() < deadline:
             if self._process is None or self._process.poll() is not None:
                 raise TritonServerError(
-                    f"tritonserver exited during start-up; last log lines:\n{self.log_tail()}"
+                    f"tritonserver exited during start-up{self._hint()}; last log lines:\n{self.log_tail()}"
                 )
             if self.is_ready():
                 return
@@ -202,6 +202,12 @@ class LocalTriton:
         raise TritonServerError(
             f"tritonserver not ready after {timeout_s:.0f} s; last log lines:\n{self.log_tail()}"
         )
+
+    def _hint(self) -> str:
+        if "No module named 'numpy'" in self.log_tail(200):
+            # The stub embeds Debian's Python in isolated mode: virtualenvs and PYTHONPATH are ignored.
+            return " (the python backend stub needs Debian's numpy: apt-get install python3-numpy)"
+        return ""
 
     def log_tail(self, lines: int = 20) -> str:
         try:
