@@ -86,10 +86,11 @@ class Healer:
         cause = self._states.get(model).cause  # type: ignore[union-attr]
         self._states.apply(model, lambda h, now: h.heal_started(f"healing after: {cause}", now))
         backoff = self._settings.backoff_initial_s
+        error = cause
         async with self._limit:
             for attempt in range(1, self._settings.max_attempts + 1):
                 self.attempts[model] += 1
-                error = await self._attempt(model, attempt)
+                error = await self._attempt(model, attempt, broken_by=error)
                 if error is None:
                     self._after_success(model, attempt)
                     return
@@ -118,12 +119,12 @@ class Healer:
         self._states.apply(model, lambda h, t: h.heal_succeeded(
             f"healed by unload and reload (attempt {attempt}), golden requests pass", t))
 
-    async def _attempt(self, model: str, attempt: int) -> str | None:
+    async def _attempt(self, model: str, attempt: int, broken_by: str) -> str | None:
         """One unload -> load -> verify; None on success, else what went wrong."""
         started = time.perf_counter()
         log.info("heal_attempt_started", model=model, attempt=attempt)
         try:
-            await self._unload(model)
+            await self._unload(model, wait=not _stub_is_dead(broken_by))
             await self._load(model)
             await self._check_golden(model)
         except HealStepFailed as e:
@@ -142,7 +143,7 @@ class Healer:
                         duration_ms=round(duration * 1000, 1))
         return error
 
-    async def _unload(self, model: str) -> None:
+    async def _unload(self, model: str, *, wait: bool = True) -> None:
         step = time.perf_counter()
         try:
             await self._triton.unload_model(model, timeout_s=self._settings.unload_timeout_s)
@@ -153,6 +154,10 @@ class Healer:
             log.info("heal_unloaded", model=model, duration_ms=_ms(step), cause="was not loaded")
             return
         log.info("heal_unload_sent", model=model, duration_ms=_ms(step))
+        if not wait:
+            log.info("heal_unload_not_awaited", model=model,
+                     cause="the stub process died: its instance never finishes unloading, and holds no memory")
+            return
         deadline = time.monotonic() + self._settings.unload_timeout_s
         while time.monotonic() < deadline:
             if await self._is_gone(model):
@@ -197,6 +202,13 @@ class Healer:
         if not result.ok:
             raise HealStepFailed(f"reloaded, but {result.cause}")
         log.info("heal_verified", model=model, duration_ms=round(result.duration_s * 1000, 1))
+
+
+def _stub_is_dead(cause: str) -> bool:
+    """Triton's python backend says so when a model's stub process has died (Triton 2.51:
+    "Stub process 'NAME_0_0' is not healthy."). Such an instance stays UNLOADING forever once
+    requests reached it, so waiting for the unload only delays the heal."""
+    return "Stub process" in cause and "is not healthy" in cause
 
 
 def _ms(since: float) -> float:

@@ -77,9 +77,12 @@ class _Timer:
 
 
 async def probe_model(
-    triton: TritonClient, model: str, cases: Sequence[GoldenCase], *, timeout_s: float
+    triton: TritonClient, model: str, cases: Sequence[GoldenCase], *, timeout_s: float,
+    stop_at_first_failure: bool = False,
 ) -> RoundResult:
-    """Run one full probe round against a model and say what passed and what did not."""
+    """Run one probe round against a model and say what passed and what did not. The sidecar stops
+    at the first failed case (one is enough to judge, and a sick model need not be hit more); the
+    `check` command runs every case to report them all."""
     started = time.time()
     results: list[ProbeResult] = []
 
@@ -110,7 +113,7 @@ async def probe_model(
         return finish()
     for case in cases:
         outcome = await step(GOLDEN, _golden_case(triton, case, timeout_s), case=case.name)
-        if outcome.timed_out:
+        if outcome.timed_out or (stop_at_first_failure and not outcome.ok):
             break  # a hung model would make every further case wait the full bound too
     return finish()
 
@@ -218,7 +221,8 @@ class Prober:
 
     async def run_round(self, model: str) -> RoundResult:
         """One round, recorded in metrics and /status, but not applied to the state machine."""
-        result = await probe_model(self._triton, model, self.cases_for(model), timeout_s=self._settings.timeout_s)
+        result = await probe_model(self._triton, model, self.cases_for(model), timeout_s=self._settings.timeout_s,
+                                   stop_at_first_failure=True)
         record = self.records.setdefault(model, ProbeRecord())
         record.last_round, record.rounds = result, record.rounds + 1
         for probe in result.results:

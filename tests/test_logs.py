@@ -130,8 +130,9 @@ def test_a_real_heal_is_logged_as_json_lines_step_by_step_without_tensor_data(tr
     assert recovered["duration_ms"] > 0  # time to recover, from the first failed probe
 
     steps = [e["event"] for e in model_events if e["event"].startswith("heal_")]
-    if "heal_unloaded" not in steps:  # a dead stub's instance never finishes unloading
-        steps = [s if s != "heal_unload_incomplete" else "heal_unloaded" for s in steps]
+    # A dead stub's instance never finishes unloading: the healer says so and loads at once.
+    assert "heal_unload_not_awaited" in steps and "heal_unload_incomplete" not in steps, steps
+    steps = [s if s != "heal_unload_not_awaited" else "heal_unloaded" for s in steps]
     positions = [steps.index(step) for step in HEAL_SEQUENCE]
     assert positions == sorted(positions), steps
     for step in ("heal_ready", "heal_verified", "heal_attempt_succeeded"):
