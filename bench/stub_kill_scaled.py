@@ -1,5 +1,5 @@
 """Time from a SIGKILLed python-backend stub to HEALTHY again, with the test suite's scaled-down
-probe settings (interval 0.5 s, failure threshold 2, timeout 0.5 s, unload_timeout 2 s).
+probe settings (interval 0.5 s, failure threshold 2, timeout 1.5 s, unload_timeout 2 s).
 
     .venv/bin/python bench/stub_kill_scaled.py --repeats 5
 
@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from sidecar.logs import configure_logging
 from sidecar.states import ModelState
 from sidecar.tritonserver import LocalTriton
 from tests.harness import EXAMPLES, FreshModel, sidecar_config, start_sidecar, stop_sidecar, wait_for
@@ -62,4 +63,5 @@ async def main(repeats: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    configure_logging(format="json", level="warning", stream=sys.stderr)
     asyncio.run(main(parser.parse_args().repeats))
