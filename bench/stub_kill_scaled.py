@@ -35,8 +35,7 @@ async def one_fault(triton: LocalTriton, scratch: Path) -> dict[str, float]:
         killed = time.monotonic()
         model.kill_stub()
         unhealthy = await wait_for(lambda: sidecar.first_transition_to(model.name, ModelState.UNHEALTHY), 30)
-        healed = await wait_for(lambda: next((t for t in sidecar.transitions if t.model == model.name
-                                              and t.state_to is ModelState.HEALTHY and t.at > killed), None), 60)
+        healed = await wait_for(lambda: sidecar.first_transition_to(model.name, ModelState.HEALTHY, after=killed), 60)
         return {"detect_s": unhealthy.at - killed, "recover_s": healed.at - killed,
                 "heal_s": healed.at - unhealthy.at}
     finally:

@@ -188,8 +188,10 @@ class RunningSidecar:
     def metric(self, name: str, **labels: str) -> float | None:
         return self.registry.get_sample_value(name, labels)
 
-    def first_transition_to(self, model: str, *states: ModelState) -> Transition | None:
-        return next((t for t in self.transitions if t.model == model and t.state_to in states), None)
+    def first_transition_to(self, model: str, *states: ModelState, after: float = float("-inf")) -> Transition | None:
+        """The model's first move into one of `states` (later than `after`, a clock() time)."""
+        return next((t for t in self.transitions if t.model == model and t.state_to in states and t.at > after),
+                    None)
 
 
 async def start_sidecar(config: SidecarConfig) -> RunningSidecar:

@@ -67,9 +67,8 @@ async def test_a_real_fault_is_detected_and_healed_without_restarting_triton(fau
         f"{fault} detected after {detected.at - injected_at:.2f} s, bound {DETECT_BOUND_S:.2f} s")
     assert detected.state_from in (ModelState.HEALTHY, ModelState.DEGRADED)
 
-    healed = await wait_for(
-        lambda: next((t for t in sidecar.transitions if t.model == model and t.state_to is ModelState.HEALTHY
-                      and t.at > detected.at), None), HEAL_BOUND_S, what=f"{model} healed")
+    healed = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.HEALTHY, after=detected.at),
+                            HEAL_BOUND_S, what=f"{model} healed")
     await wait_for(lambda: recorder.readyz and recorder.readyz[-1][1] == 200, 5, what="/readyz 200 again")
     await recorder.stop()
 

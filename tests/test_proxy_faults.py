@@ -80,8 +80,7 @@ async def test_quarantine_during_a_real_heal_never_lets_a_nan_through(triton, fr
     await wait_for(lambda: len(traffic.answers) >= 10, 10, what="traffic flowing")
     fresh_model.inject("nan")
     broken = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.UNHEALTHY), 20, what="UNHEALTHY")
-    healed = await wait_for(lambda: next((t for t in sidecar.transitions if t.model == model
-                                          and t.state_to is ModelState.HEALTHY and t.at > broken.at), None),
+    healed = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.HEALTHY, after=broken.at),
                             40, what="healed")
     await wait_for(lambda: sum(1 for a in traffic.answers if a[0] > healed.at and a[1] == 200) >= 10, 10,
                    what="correct answers after the heal")
@@ -102,8 +101,7 @@ async def test_holding_requests_during_a_heal_turns_errors_into_latency(triton, 
     await wait_for(lambda: len(traffic.answers) >= 10, 10, what="traffic flowing")
     fresh_model.inject("nan")
     broken = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.UNHEALTHY), 20, what="UNHEALTHY")
-    healed = await wait_for(lambda: next((t for t in sidecar.transitions if t.model == model
-                                          and t.state_to is ModelState.HEALTHY and t.at > broken.at), None),
+    healed = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.HEALTHY, after=broken.at),
                             40, what="healed")
     await wait_for(lambda: sum(1 for a in traffic.answers if a[0] > healed.at and a[1] == 200) >= 10, 10,
                    what="correct answers after the heal")
