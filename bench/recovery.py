@@ -189,7 +189,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         sidecar = SidecarProcess(sidecar_settings(
             triton, models=built.models, golden_dir=built.golden_dir,
             probes={"interval_s": 1, "timeout_s": 2, "failure_threshold": 2},
-            healing={"backoff_initial_s": 0.5, "load_timeout_s": 300},
+            # Every fault here is deliberate: the flap guard (more than flap_max_heals heals within
+            # the hour -> FAILED) would rightly stop healing a model that breaks this often.
+            healing={"backoff_initial_s": 0.5, "load_timeout_s": 300, "flap_max_heals": args.faults + 5},
             proxy={"retry_after_s": 1},
         ), workdir / "sidecar")
         stack.callback(sidecar.stop)
@@ -197,15 +199,16 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         machine = describe_machine(triton.url)
         faults, restarts, proxied = asyncio.run(measure_phases(args, triton, sidecar, calls, others, notes))
     load_s = statistics.median(load_times)
-    heal_s = statistics.median(f["recovery_s"] for f in faults) if faults else None
-    restart_s = statistics.median(r["time_to_answer_s"] for r in restarts) if restarts else None
+    heal_s = round(statistics.median(f["recovery_s"] for f in faults), 3) if faults else None
+    restart_s = round(statistics.median(r["time_to_answer_s"] for r in restarts), 3) if restarts else None
     heal_share = [f["others_correct_share"] for f in faults if f["others_correct_share"] is not None]
     restart_share = [r["others_correct_share"] for r in restarts if r["others_correct_share"] is not None]
     summary = {
         "model_load_s_median": round(load_s, 3),
         "recovery_s_median": heal_s, "recovery_s_max": max((f["recovery_s"] for f in faults), default=None),
         "restart_to_answer_s_median": restart_s,
-        "restart_to_ready_s_median": statistics.median(r["time_to_ready_s"] for r in restarts) if restarts else None,
+        "restart_to_ready_s_median": round(statistics.median(r["time_to_ready_s"] for r in restarts), 3)
+        if restarts else None,
         "others_correct_share_during_heals_min": min(heal_share, default=None),
         "others_correct_share_during_restarts_max": max(restart_share, default=None),
         "bystanders_via": "sidecar proxy" if proxied else "direct to Triton",
@@ -245,7 +248,7 @@ def markdown(result: dict[str, Any]) -> str:
         totals = {k: sum(r["others"][k] for r in rows) for k in rows[0]["others"]}
         shares = [r["others_correct_share"] for r in rows if r["others_correct_share"] is not None]
         lines.append(f"| {label} | {len(rows)} | {statistics.median(r[key] for r in rows):.2f} "
-                     f"| {max(r[key] for r in rows):.2f} | {share(shares) if shares else '–'} "
+                     f"| {max(r[key] for r in rows):.2f} | {f'{share(shares):.1%}' if shares else '–'} "
                      f"| {totals['sent']} / {totals['correct']} / {totals['503_retry_after']} / "
                      f"{totals['anything_else']} / {totals['wrong']} |")
     lines += ["", "| target | measured | met |", "|---|---|---|"]

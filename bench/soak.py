@@ -176,7 +176,7 @@ async def _victim_state(session: aiohttp.ClientSession, url: str) -> str:
 
 
 async def _inject_and_follow(session: aiohttp.ClientSession, sidecar: SidecarProcess, model: FaultyModel,
-                             kind: str, settings: SoakSettings, stop_at: float) -> FaultRecord:
+                             kind: str, settings: SoakSettings) -> FaultRecord:
     record = FaultRecord(kind=kind, action="", injected_at=time.monotonic())
     record.action = await asyncio.to_thread(model.inject, kind)
     deadline = record.injected_at + settings.heal_deadline_s
@@ -221,7 +221,7 @@ async def _soak(settings: SoakSettings, triton: LocalTriton, sidecar: SidecarPro
                 if time.monotonic() >= next_fault_at and stop_at - time.monotonic() > 5:
                     kind = FAULT_KINDS[kind_index % len(FAULT_KINDS)]
                     kind_index += 1
-                    faults.append(await _inject_and_follow(session, sidecar, model, kind, settings, stop_at))
+                    faults.append(await _inject_and_follow(session, sidecar, model, kind, settings))
                     next_fault_at = faults[-1].injected_at + settings.fault_every_s
                     if faults[-1].healthy_at is None:
                         break  # never healed: stop early, the report says so
@@ -272,7 +272,11 @@ def run_soak(settings: SoakSettings, workdir: Path) -> SoakReport:
     copy_model(FAULTY_TEMPLATE, repository, VICTIM)
     copy_golden("credit_risk", golden_dir, VICTIM)
     models = [*STEADY, VICTIM]
-    healing: dict[str, Any] = {"backoff_initial_s": 0.5}
+    # The soak breaks the model on purpose every fault_every_s, each time in a new way: to the flap
+    # guard (more than flap_max_heals heals an hour -> FAILED) that looks like a fault that returns
+    # after every reload, so allow one heal per planned fault, and a few more.
+    planned_faults = int(settings.duration_s // settings.fault_every_s) + 1
+    healing: dict[str, Any] = {"backoff_initial_s": 0.5, "flap_max_heals": planned_faults + 5}
     if settings.unload_timeout_s is not None:
         healing["unload_timeout_s"] = settings.unload_timeout_s
     with contextlib.ExitStack() as stack:

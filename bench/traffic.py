@@ -125,4 +125,4 @@ def started_between(outcomes: Iterable[Outcome], start: float, end: float,
 
 
 def correct_share(outcomes: list[Outcome]) -> float | None:
-    return sum(o.category == CORRECT for o in outcomes) / len(outcomes) if outcomes else None
+    return round(sum(o.category == CORRECT for o in outcomes) / len(outcomes), 4) if outcomes else None

@@ -87,6 +87,13 @@ def create_app(
     return app
 
 
+def app_runner(app: web.Application) -> web.AppRunner:
+    """How the sidecar is served. handler_cancellation: aiohttp cancels the handler of a client that
+    disconnects, so its upstream call to Triton is cancelled and its breaker slot freed at once.
+    Signals are the CLI's (drain first); the proxy writes its own sampled access log."""
+    return web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True)
+
+
 def _triton_client(config: SidecarConfig) -> TritonClient:
     headers = {}
     if config.triton.repository_header:

@@ -20,12 +20,11 @@ import structlog
 from aiohttp import web
 
 from sidecar import __version__
-from sidecar.app import create_app
+from sidecar.app import app_runner, create_app
 from sidecar.appkeys import HEALER, LIFECYCLE
 from sidecar.config import ConfigError, SidecarConfig, load_config
 from sidecar.golden import GoldenFileError, load_golden_dir
 from sidecar.logs import configure_logging
-from sidecar.proxy import CANCELLED_ON_DISCONNECT
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -101,10 +100,7 @@ async def serve(config: SidecarConfig, golden: dict, *, stop: asyncio.Event | No
     """Serve until SIGTERM/SIGINT (or `stop`), then drain: readiness fails at once, in-flight
     requests and heals get up to lifecycle.drain_s, then everything is closed."""
     app = create_app(config, golden=golden)
-    # aiohttp cancels the handler of a client that disconnects: its upstream call is cancelled and its
-    # slot freed at once, without a watcher task per request in the proxy.
-    app[CANCELLED_ON_DISCONNECT] = True
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True)
+    runner = app_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, config.listen.host, config.listen.port)
     await site.start()

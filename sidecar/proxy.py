@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import random
 import re
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -84,9 +82,6 @@ CLIENT_GONE = "client_disconnected"  # 499 (nginx's code): counted, never seen b
 #: labels stay bounded whatever paths clients send.
 SERVER_LABEL = "_server_"
 UNKNOWN_LABEL = "_unknown_"
-#: How often (s) a request waiting on Triton checks whether its client is still there. aiohttp does
-#: not cancel handlers on disconnect; 100 ms frees the upstream connection soon enough.
-DISCONNECT_POLL_S = 0.1
 #: Chunk (bytes) read at a time from a body of unknown length (chunked transfer encoding).
 READ_CHUNK = 256 * 1024
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
@@ -153,8 +148,10 @@ class Breaker:
         self._queue = queue
         self.waiting = 0
 
-    @contextlib.asynccontextmanager
-    async def slot(self, model: str, wait_s: float) -> AsyncIterator[None]:
+    def slot(self, model: str, wait_s: float) -> _Slot:
+        return _Slot(self, model, wait_s)
+
+    async def _acquire(self, model: str, wait_s: float) -> None:
         if self._slots.locked():
             if self.waiting >= self._queue:
                 raise Refusal(503, OVERLOADED, f"model {model} has too many requests in flight and "
@@ -170,10 +167,21 @@ class Breaker:
                 self.waiting -= 1
         else:
             await self._slots.acquire()
-        try:
-            yield
-        finally:
-            self._slots.release()
+
+
+class _Slot:
+    """`async with breaker.slot(...)`: a class, not an asynccontextmanager (cheaper per request)."""
+
+    __slots__ = ("_breaker", "_model", "_wait_s")
+
+    def __init__(self, breaker: Breaker, model: str, wait_s: float) -> None:
+        self._breaker, self._model, self._wait_s = breaker, model, wait_s
+
+    async def __aenter__(self) -> None:
+        await self._breaker._acquire(self._model, self._wait_s)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._breaker._slots.release()
 
 
 class Proxy:
@@ -198,7 +206,14 @@ class Proxy:
         self._gates: dict[str, asyncio.Event] = {}
         self._failures: collections.Counter[str] = collections.Counter()
         self._non_finite_ok: dict[str, bool] = {}
-        self._rng = random.Random()  # noqa: S311 - log sampling, not secrets
+        self._rng = random.Random()  # noqa: S311 - log sampling and request ids, not secrets
+        self._sample_rate = config.logging.access_log_sample_rate
+        # Metric children per label set: labels() costs a lock and a dict lookup on every call.
+        self._metrics = app[METRICS]
+        self._requests_children: dict[tuple[str, int], Any] = {}
+        self._duration_children: dict[str, Any] = {}
+        self._rejection_children: dict[tuple[str, str], Any] = {}
+        self._in_flight_children: dict[str, Any] = {}
         app[STATES].add_listener(self._on_transition)
 
     # -- model state ------------------------------------------------------------------------------
@@ -364,12 +379,47 @@ class Proxy:
         return Refusal(502, TRITON_BAD_ANSWER, f"Triton dropped the connection: {_cut(type(e).__name__)}",
                        model=model, before_triton=False)
 
+    # -- metrics (children cached per label set) ----------------------------------------------------
+
+    def count_request(self, label: str, status: int, duration_s: float) -> None:
+        key = (label, status)
+        counter = self._requests_children.get(key)
+        if counter is None:
+            counter = self._requests_children[key] = self._metrics.proxy_requests.labels(model=label,
+                                                                                        code=str(status))
+        counter.inc()
+        histogram = self._duration_children.get(label)
+        if histogram is None:
+            histogram = self._duration_children[label] = self._metrics.proxy_duration.labels(model=label)
+        histogram.observe(duration_s)
+
+    def count_rejection(self, label: str, reason: str) -> None:
+        key = (label, reason)
+        counter = self._rejection_children.get(key)
+        if counter is None:
+            counter = self._rejection_children[key] = self._metrics.proxy_rejections.labels(model=label,
+                                                                                           reason=reason)
+        counter.inc()
+
+    def in_flight(self, model: str) -> Any:
+        gauge = self._in_flight_children.get(model)
+        if gauge is None:
+            gauge = self._in_flight_children[model] = self._metrics.in_flight.labels(model=model)
+        return gauge
+
+    def new_request_id(self) -> str:
+        """A random 32-hex-digit id (uuid4's shape, without its urandom syscall per request)."""
+        return f"{self._rng.getrandbits(128):032x}"
+
     # -- access log ----------------------------------------------------------------------------------
 
     def access_log(self, request: web.Request, ctx: RequestContext, status: int, duration_s: float,
                    reason: str) -> None:
-        if status < 400 and self._rng.random() >= self.config.logging.access_log_sample_rate:
-            return
+        if status < 400:
+            rate = self._sample_rate
+            # No random draw when the answer is fixed: rate 0 logs none, rate 1 logs all.
+            if rate <= 0 or (rate < 1 and self._rng.random() >= rate):
+                return
         fields: dict[str, Any] = {
             "request_id": ctx.request_id, "trace_id": ctx.trace_id, "model": ctx.label,
             "method": request.method, "path": _cut(request.path, 200), "status": status,
@@ -383,7 +433,6 @@ class Proxy:
 # ---- wiring ---------------------------------------------------------------------------------------------
 
 PROXY = web.AppKey("proxy", Proxy)
-
 
 def add_proxy_routes(app: web.Application) -> None:
     """Register the proxied v2 endpoints on the sidecar's app (after its own /healthz etc.)."""
@@ -431,28 +480,30 @@ def _proxied(handler: ProxyHandler) -> Callable[[web.Request], Awaitable[web.Str
 
     async def run(request: web.Request) -> web.StreamResponse:
         proxy = request.app[PROXY]
-        metrics = request.app[METRICS]
         started = time.perf_counter()
-        ctx = RequestContext(_request_id(request.headers.get("X-Request-ID")),
-                             _trace_id(request.headers.get("traceparent")))
+        headers = request.headers
+        raw_id = headers.get("X-Request-ID")
+        ctx = RequestContext(raw_id if raw_id and _REQUEST_ID.fullmatch(raw_id) else proxy.new_request_id(),
+                             _trace_id(headers.get("traceparent")))
 
         def record(status: int, reason: str) -> None:
             duration = time.perf_counter() - started
-            metrics.proxy_requests.labels(model=ctx.label, code=str(status)).inc()
-            metrics.proxy_duration.labels(model=ctx.label).observe(duration)
+            proxy.count_request(ctx.label, status, duration)
             proxy.access_log(request, ctx, status, duration, reason)
 
         reason = ""
-        with structlog.contextvars.bound_contextvars(request_id=ctx.request_id, trace_id=ctx.trace_id):
+        # bind + reset by token: bound_contextvars() copies the whole context on every request
+        tokens = structlog.contextvars.bind_contextvars(request_id=ctx.request_id, trace_id=ctx.trace_id)
+        try:
             try:
                 response = await handler(request, ctx)
             except InvalidRequest as e:
                 response, reason = Refusal.from_invalid(e).response(), e.reason
-                metrics.proxy_rejections.labels(model=ctx.label, reason=reason).inc()
+                proxy.count_rejection(ctx.label, reason)
             except Refusal as e:
                 response, reason = e.response(), e.reason
                 if e.before_triton:
-                    metrics.proxy_rejections.labels(model=ctx.label, reason=reason).inc()
+                    proxy.count_rejection(ctx.label, reason)
             except asyncio.CancelledError:
                 # The server cancels handlers of gone clients when run with handler_cancellation.
                 record(499, CLIENT_GONE)
@@ -463,6 +514,8 @@ def _proxied(handler: ProxyHandler) -> Callable[[web.Request], Awaitable[web.Str
                 # buffered); the connection must not be reused for another request.
                 response.force_close()
             record(499 if reason == CLIENT_GONE else response.status, reason)
+        finally:
+            structlog.contextvars.reset_contextvars(**tokens)
         return response
 
     run.__name__ = handler.__name__
@@ -606,14 +659,14 @@ async def infer(request: web.Request, ctx: RequestContext) -> web.StreamResponse
         if name in request.headers:
             headers[name] = request.headers[name]
     url = proxy.triton_url + _model_path(model, version) + "/infer"
-    metrics = app[METRICS]
+    in_flight = proxy.in_flight(model)
     async with proxy.breaker(model).slot(model, proxy.settings.upstream_timeout_s):
-        metrics.in_flight.labels(model=model).inc()
+        in_flight.inc()
         try:
-            status, upstream_headers, answer = await _call_until_client_leaves(
+            status, upstream_headers, answer = await _call_triton(
                 request, proxy, model, _post(proxy, url, body, headers))
         finally:
-            metrics.in_flight.labels(model=model).dec()
+            in_flight.dec()
     return _answer(proxy, model, status, upstream_headers, answer)
 
 
@@ -626,33 +679,24 @@ async def _post(proxy: Proxy, url: str, body: bytes, headers: dict[str, str]
         return response.status, keep, answer
 
 
-async def _call_until_client_leaves(request: web.Request, proxy: Proxy, model: str,
-                                    call: Awaitable[tuple[int, dict[str, str], bytes]]
-                                    ) -> tuple[int, dict[str, str], bytes]:
-    """Run the upstream call; cancel it when the client disconnects (aiohttp does not cancel the
-    handler itself), so a gone client frees its Triton connection and breaker slot."""
-    task = asyncio.ensure_future(call)
+async def _call_triton(request: web.Request, proxy: Proxy, model: str,
+                       call: Awaitable[tuple[int, dict[str, str], bytes]]) -> tuple[int, dict[str, str], bytes]:
+    """Run the upstream call in the handler's own task: the server cancels the handler when its client
+    disconnects (handler_cancellation, see sidecar.app.app_runner), which cancels the upstream call
+    and frees its Triton connection and breaker slot."""
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            transport = request.transport
-            if transport is None or transport.is_closing():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                log.info("client_disconnected", model=model, cause="client closed the connection while "
-                                                                    "Triton was answering; upstream call cancelled")
-                raise Refusal(499, CLIENT_GONE, "client disconnected", model=model, before_triton=False)
+        return await call
+    except asyncio.CancelledError:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            log.info("client_disconnected", model=model, cause="client closed the connection while "
+                                                                "Triton was answering; upstream call cancelled")
+        raise
     except (aiohttp.ClientError, TimeoutError, OSError) as e:
         refusal = proxy.unreachable(model, e)
         if refusal.status != 503:
             proxy.upstream_failed(model, refusal.message)
         raise refusal from e
-    finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
 
 def _answer(proxy: Proxy, model: str, status: int, headers: dict[str, str], body: bytes) -> web.Response:
@@ -712,6 +756,14 @@ async def _read_body(request: web.Request, proxy: Proxy, model: str) -> bytes:
     # aiohttp inflates gzip/deflate bodies as they stream in; the limit counts inflated bytes (so a
     # zip bomb stops at max_body_bytes) and Triton gets the inflated body.
     compressed = encoding not in ("", "identity")
+    content = request.content
+    if declared is not None and not compressed and content.is_eof():
+        # The whole body arrived with the headers (the common case): nothing to wait for, no timer.
+        try:
+            return await content.readexactly(declared) if declared else b""
+        except asyncio.IncompleteReadError as e:
+            raise Refusal(400, MALFORMED, f"request body ended after {len(e.partial)} of {declared} bytes",
+                          model=model) from e
     try:
         async with asyncio.timeout(proxy.settings.client_body_timeout_s):
             if declared is not None and not compressed:
@@ -766,12 +818,6 @@ def _model_and_version(request: web.Request, ctx: RequestContext) -> tuple[str, 
 def _model_path(model: str, version: str) -> str:
     path = f"/v2/models/{quote(model, safe='')}"
     return f"{path}/versions/{version}" if version else path
-
-
-def _request_id(raw: str | None) -> str:
-    if raw and _REQUEST_ID.fullmatch(raw):
-        return raw
-    return uuid.uuid4().hex
 
 
 def _trace_id(traceparent: str | None) -> str:

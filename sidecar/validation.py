@@ -83,6 +83,8 @@ _REQUEST_KEYS = frozenset({"id", "parameters", "inputs", "outputs"})
 _INPUT_KEYS = frozenset({"name", "shape", "datatype", "parameters", "data"})
 _OUTPUT_KEYS = frozenset({"name", "parameters"})
 _NUMBER_MODE = rapidjson.NM_NATIVE | rapidjson.NM_NAN
+#: Below this many bytes, letters are counted with bytes.count; above, with numpy (faster there).
+_SMALL_TEXT = 4096
 
 
 class InvalidRequest(Exception):
@@ -545,6 +547,10 @@ def _check_json_data(spec: ModelSpec, tspec: InputSpec, shape: tuple[int, ...], 
             raise spec.refuse(400, OUT_OF_RANGE, f"input {name!r}: value {bad} does not fit {datatype} "
                                                  f"({low}..{high})", name)
         return
+    # One pass for the common case: NaN propagates into the max, ±Inf and overflow exceed the bound.
+    largest = float(np.abs(values).max())
+    if largest <= _FLOAT_MAX[datatype]:
+        return
     as_float = values.astype(np.float64, copy=False)
     finite = np.isfinite(as_float)
     if not finite.all():
@@ -594,11 +600,15 @@ def _check_bools_in_numbers(spec: ModelSpec, doc: Mapping[str, Any], json_part: 
     count the letters `u` (in `true`) and `l` (in `false`) in the raw text with numpy: when the keys and
     strings of the document plus the bools we know of (parameters, BOOL tensors) account for all of
     them, no number tensor holds a bool. Any mismatch (an escaped string, say) only costs the walk."""
-    text = np.frombuffer(json_part, dtype=np.uint8)
     numeric = {id(data) for tspec, data in values if tspec.datatype not in ("BOOL", "BYTES")}
     u, ell = _letters_in_strings(doc, numeric)
-    if (int(np.count_nonzero(text == ord("u"))) == u + bools.true
-            and int(np.count_nonzero(text == ord("l"))) == ell + bools.false):
+    if len(json_part) < _SMALL_TEXT:
+        raw = json_part.tobytes()  # bytes.count beats two numpy passes on short texts
+        text_u, text_l = raw.count(b"u"), raw.count(b"l")
+    else:
+        text = np.frombuffer(json_part, dtype=np.uint8)
+        text_u, text_l = int(np.count_nonzero(text == ord("u"))), int(np.count_nonzero(text == ord("l")))
+    if text_u == u + bools.true and text_l == ell + bools.false:
         return
     for tspec, data in values:
         if tspec.datatype in ("BOOL", "BYTES"):

@@ -19,7 +19,7 @@ import tritonclient.http as triton_http
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sidecar.app import create_app
+from sidecar.app import app_runner, create_app
 from sidecar.config import FilterRule, SidecarConfig
 from sidecar.golden import load_golden_dir
 from sidecar.states import ModelState
@@ -161,11 +161,10 @@ class SidecarThread:
 @contextlib.asynccontextmanager
 async def served_like_production(
         config: SidecarConfig) -> AsyncIterator[tuple[web.Application, CollectorRegistry, str]]:
-    """The app behind a plain AppRunner, as `triton-sidecar run` serves it: unlike aiohttp's TestServer,
-    handlers are NOT cancelled when a client disconnects, so the proxy has to notice by itself."""
+    """The app behind the very runner `triton-sidecar run` uses (sidecar.app.app_runner)."""
     registry = CollectorRegistry()
     app = create_app(config, registry=registry, golden=load_golden_dir(config.golden_dir))
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    runner = app_runner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
