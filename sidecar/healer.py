@@ -26,6 +26,8 @@ log = structlog.get_logger("sidecar.healer")
 #: How often (s) to ask Triton whether an unload or load has finished: often enough that a
 #: 1.5 s reload is not stretched, rare enough to cost Triton nothing.
 POLL_INTERVAL_S = 0.1
+#: How old (s) an error from live traffic may be and still say what broke the model now.
+RECENT_ERROR_S = 30.0
 
 
 class HealStepFailed(Exception):
@@ -55,6 +57,17 @@ class Healer:
         self.attempts: dict[str, int] = collections.Counter()
         self.last_heal_s: dict[str, float] = {}
         self.accepting = True
+        #: The last error Triton gave a client for each model, with its time.monotonic().
+        self._triton_errors: dict[str, tuple[float, str]] = {}
+
+    def note_triton_error(self, model: str, message: str) -> None:
+        """An error Triton answered to live traffic: evidence of what broke, for the next heal."""
+        self._triton_errors[model] = (time.monotonic(), message)
+
+    def _stub_died(self, model: str, broken_by: str) -> bool:
+        noted_at, message = self._triton_errors.get(model, (0.0, ""))
+        recent = time.monotonic() - noted_at <= RECENT_ERROR_S
+        return _stub_is_dead(broken_by) or (recent and _stub_is_dead(message))
 
     def is_healing(self, model: str) -> bool:
         task = self._tasks.get(model)
@@ -107,6 +120,7 @@ class Healer:
         self._states.apply(model, lambda h, now: h.fail(cause, now))
 
     def _after_success(self, model: str, attempt: int) -> None:
+        self._triton_errors.pop(model, None)  # that evidence was about the instance just replaced
         now = time.monotonic()
         recent = self._recent_heals[model]
         recent.append(now)
@@ -124,7 +138,7 @@ class Healer:
         started = time.perf_counter()
         log.info("heal_attempt_started", model=model, attempt=attempt)
         try:
-            await self._unload(model, wait=not _stub_is_dead(broken_by))
+            await self._unload(model, wait=not self._stub_died(model, broken_by))
             await self._load(model)
             await self._check_golden(model)
         except HealStepFailed as e:

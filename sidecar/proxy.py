@@ -35,7 +35,7 @@ import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from sidecar.appkeys import CONFIG, LIFECYCLE, METRICS, PROBER, STATES, UPSTREAM, WATCH
+from sidecar.appkeys import CONFIG, HEALER, LIFECYCLE, METRICS, PROBER, STATES, UPSTREAM, WATCH
 from sidecar.config import SidecarConfig
 from sidecar.filtering import (
     OutputFilter,
@@ -303,6 +303,9 @@ class Proxy:
     # -- passive signals ---------------------------------------------------------------------------
 
     def upstream_failed(self, model: str, cause: str) -> None:
+        # Under load a dead stub makes probes time out behind queued requests; clients' answers still
+        # carry Triton's own diagnosis, which tells the healer not to wait for the unload.
+        self.app[HEALER].note_triton_error(model, cause)
         self._failures[model] += 1
         if self._failures[model] >= self.settings.passive_failure_threshold:
             self._failures[model] = 0

@@ -118,7 +118,10 @@ async def test_passive_signals_detect_a_fault_long_before_the_probe_interval(fau
     interval = 30.0
     sidecar = await started_and_healthy(start, proxy_config(
         triton, models=[model], golden_dir=fresh_model.golden_dir,
-        probes={"interval_s": interval, "jitter": 0.0, "failure_threshold": 2}))
+        # Probes give up before Triton reports a dead stub (1 s), as they do behind queued requests
+        # under load: only clients' answers carry Triton's diagnosis.
+        probes={"interval_s": interval, "jitter": 0.0, "failure_threshold": 2, "timeout_s": 0.8},
+        healing={"unload_timeout_s": 10.0}))
     await asyncio.sleep(0)  # the first round is done; the next is due in 30 s
     traffic = Traffic(sidecar, model, credit_json(rows=2), clients=2)
     await wait_for(lambda: len(traffic.answers) >= 5, 10, what="traffic flowing")
@@ -137,6 +140,12 @@ async def test_passive_signals_detect_a_fault_long_before_the_probe_interval(fau
     reasons = {a[3].get("reason") for a in bad}
     assert reasons <= {"non_finite_output", "triton_error", "quarantined"}, reasons
     assert ("non_finite_output" if fault == "nan" else "triton_error") in reasons
+    if fault != "nan":
+        # Clients' answers carried Triton's "Stub process ... is not healthy": the healer loads at once
+        # instead of waiting unload_timeout_s (10 s) for an instance that never finishes unloading.
+        await wait_for(lambda: sidecar.first_transition_to(model, ModelState.HEALTHY, after=detected.at), 30,
+                       what="healed")
+        assert sidecar.metric("triton_sidecar_heal_duration_seconds_sum", model=model) < 8.0
 
 
 async def test_a_hung_model_gets_504_the_breaker_sheds_load_and_gone_clients_free_their_slot(
