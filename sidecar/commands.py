@@ -19,7 +19,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,34 +98,26 @@ def _run_reporting_usage_errors(handler: Any) -> Any:
     return run
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
+def _number_argument(parse: Callable[[str], float], ok: Callable[[float], bool], kind: str,
+                     rule: str) -> Callable[[str], float]:
+    """An argparse `type` that parses `kind` and keeps values for which `ok` holds, naming `rule`."""
+
+    def convert(text: str) -> float:
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {kind}: {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+        return value
+
+    return convert
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
-def _tolerance(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
+_positive_seconds = _number_argument(float, lambda v: v > 0 and math.isfinite(v), "a number of seconds",
+                                     "a positive number of seconds")
+_non_negative_int = _number_argument(int, lambda v: v >= 0, "a whole number", "0 or more")
+_tolerance = _number_argument(float, lambda v: v >= 0 and math.isfinite(v), "a number", "a finite number >= 0")
 
 
 def _triton_url(text: str) -> str:

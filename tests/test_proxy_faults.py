@@ -70,11 +70,11 @@ def _check_answers(answers, expected: np.ndarray, *, allow_503: bool) -> dict[in
     return counts
 
 
-async def test_quarantine_during_a_real_heal_never_lets_a_nan_through(triton, fresh_model, start):
+async def _traffic_through_a_nan_heal(sidecar, triton, fresh_model, seed: int) -> tuple[list, np.ndarray]:  # type: ignore[no-untyped-def]
+    """Concurrent clients on the model while its weights turn NaN and it is healed; every answer, and
+    the correct scores."""
     model = fresh_model.name
-    sidecar = await started_and_healthy(start, proxy_config(triton, models=[model],
-                                                            golden_dir=fresh_model.golden_dir))
-    body = credit_json(rows=4, seed=7)
+    body = credit_json(rows=4, seed=seed)
     expected = await _direct_scores(triton, model, body)
     traffic = Traffic(sidecar, model, body)
     await wait_for(lambda: len(traffic.answers) >= 10, 10, what="traffic flowing")
@@ -85,7 +85,15 @@ async def test_quarantine_during_a_real_heal_never_lets_a_nan_through(triton, fr
     await wait_for(lambda: sum(1 for a in traffic.answers if a[0] > healed.at and a[1] == 200) >= 10, 10,
                    what="correct answers after the heal")
     await traffic.stop()
-    counts = _check_answers(traffic.answers, expected, allow_503=True)
+    return traffic.answers, expected
+
+
+async def test_quarantine_during_a_real_heal_never_lets_a_nan_through(triton, fresh_model, start):
+    model = fresh_model.name
+    sidecar = await started_and_healthy(start, proxy_config(triton, models=[model],
+                                                            golden_dir=fresh_model.golden_dir))
+    answers, expected = await _traffic_through_a_nan_heal(sidecar, triton, fresh_model, seed=7)
+    counts = _check_answers(answers, expected, allow_503=True)
     assert counts.get(503, 0) >= 1, counts
     assert counts.get(200, 0) >= 20, counts
     assert sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="rejected") >= 1
@@ -95,18 +103,8 @@ async def test_holding_requests_during_a_heal_turns_errors_into_latency(triton, 
     model = fresh_model.name
     sidecar = await started_and_healthy(start, proxy_config(triton, models=[model], golden_dir=fresh_model.golden_dir,
                                                             proxy={"hold_during_heal_s": 30}))
-    body = credit_json(rows=4, seed=8)
-    expected = await _direct_scores(triton, model, body)
-    traffic = Traffic(sidecar, model, body)
-    await wait_for(lambda: len(traffic.answers) >= 10, 10, what="traffic flowing")
-    fresh_model.inject("nan")
-    broken = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.UNHEALTHY), 20, what="UNHEALTHY")
-    healed = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.HEALTHY, after=broken.at),
-                            40, what="healed")
-    await wait_for(lambda: sum(1 for a in traffic.answers if a[0] > healed.at and a[1] == 200) >= 10, 10,
-                   what="correct answers after the heal")
-    await traffic.stop()
-    counts = _check_answers(traffic.answers, expected, allow_503=False)  # no 503 at all
+    answers, expected = await _traffic_through_a_nan_heal(sidecar, triton, fresh_model, seed=8)
+    counts = _check_answers(answers, expected, allow_503=False)  # no 503 at all
     assert sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="held_released") >= 1
     # Held requests were answered after the heal, correctly (checked above), not refused.
     assert counts.get(200, 0) >= 20
