@@ -24,6 +24,7 @@ from sidecar.appkeys import (
     LIFECYCLE,
     METRICS,
     PROBER,
+    SERVING,
     STATES,
     TRITON,
     UPSTREAM,
@@ -32,10 +33,11 @@ from sidecar.appkeys import (
 from sidecar.config import SidecarConfig
 from sidecar.golden import GoldenCase, load_golden_dir
 from sidecar.healer import Healer
+from sidecar.http_front import add_http_routes, document_fetcher
 from sidecar.lifecycle import Lifecycle
 from sidecar.metrics import SidecarMetrics
 from sidecar.probes import Prober, TritonWatch
-from sidecar.proxy import add_proxy_routes
+from sidecar.serving import ServingCore
 from sidecar.states import ModelStates, Transition
 from sidecar.triton import TritonClient, TritonError, TritonUnavailable
 
@@ -77,13 +79,17 @@ def create_app(
                          metrics=metrics, on_unhealthy=lambda model: app[HEALER].request_heal(model))
     app[HEALER] = Healer(triton=triton, states=states, settings=config.healing, metrics=metrics,
                          verify=app[PROBER].run_round)
+    app[SERVING] = ServingCore(
+        config, states=states, metrics=metrics, fetch_document=document_fetcher(app),
+        cases_for=app[PROBER].cases_for, note_triton_error=app[HEALER].note_triton_error,
+        probe_soon=app[PROBER].probe_soon, mark_unreachable=app[WATCH].mark_unreachable)
     app.cleanup_ctx.append(_upstream_session)
     app.cleanup_ctx.append(_monitors)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)
     app.router.add_get("/metrics", metrics_endpoint)
-    add_proxy_routes(app)
+    add_http_routes(app)
     return app
 
 

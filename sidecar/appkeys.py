@@ -10,6 +10,7 @@ from sidecar.healer import Healer
 from sidecar.lifecycle import Lifecycle
 from sidecar.metrics import SidecarMetrics
 from sidecar.probes import Prober, TritonWatch
+from sidecar.serving import ServingCore
 from sidecar.states import ModelStates
 from sidecar.triton import TritonClient
 
@@ -25,3 +26,5 @@ LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 GOLDEN = web.AppKey("golden", dict)
 #: One pooled HTTP session to Triton for proxied traffic and metrics scrapes.
 UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
+#: The serving core shared by the HTTP and gRPC fronts (admission, specs, breakers, signals, telemetry).
+SERVING = web.AppKey("serving", ServingCore)

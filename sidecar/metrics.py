@@ -59,13 +59,14 @@ class SidecarMetrics:
                                    "or flapping); /healthz fails until a restart.", ["model"], registry=registry)
 
         # Proxy
-        self.proxy_requests = Counter(f"{PREFIX}_proxy_requests", "Proxied requests by model and HTTP status.",
-                                      ["model", "code"], registry=registry)
+        self.proxy_requests = Counter(f"{PREFIX}_proxy_requests", "Proxied requests by protocol (http, grpc), "
+                                      "model and status (HTTP status, or gRPC status code name).",
+                                      ["protocol", "model", "code"], registry=registry)
         self.proxy_duration = Histogram(f"{PREFIX}_proxy_request_duration_seconds",
-                                        "Proxied request duration, as the client saw it.", ["model"],
+                                        "Proxied request duration, as the client saw it.", ["protocol", "model"],
                                         buckets=LATENCY_BUCKETS, registry=registry)
-        self.proxy_rejections = Counter(f"{PREFIX}_proxy_rejections", "Requests refused before Triton, by reason.",
-                                        ["model", "reason"], registry=registry)
+        self.proxy_rejections = Counter(f"{PREFIX}_proxy_rejections", "Requests refused before Triton, by protocol and "
+                                        "reason.", ["protocol", "model", "reason"], registry=registry)
         self.outputs_filtered = Counter(f"{PREFIX}_outputs_filtered", "Outputs removed from answers.",
                                         ["model", "output"], registry=registry)
         self.quarantined = Counter(f"{PREFIX}_proxy_quarantined", "Requests to a quarantined model, by outcome "

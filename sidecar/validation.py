@@ -34,27 +34,29 @@ import rapidjson
 
 from sidecar.config import ConfigError, ValidationSection
 from sidecar.golden import FLOAT_DATATYPES
+from sidecar.refusals import Reason, Refusal
 
 # ---- reasons: the `reason` field of a refusal and the label of proxy_rejections --------------------
+# (statuses and gRPC codes are in sidecar.refusals.Reason; the short names keep the checks readable)
 
-MALFORMED = "malformed"  # not JSON, bad header, duplicate keys: 400
-UNKNOWN_MODEL = "unknown_model"  # 404
-BODY_TOO_LARGE = "body_too_large"  # 413
-TOO_MANY_ELEMENTS = "too_many_elements"  # 413
-UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # 415
-SCHEMA = "schema"  # the request's structure is not the v2 protocol's: 400
-UNKNOWN_INPUT = "unknown_input"  # 400
-MISSING_INPUT = "missing_input"  # 400
-DATATYPE = "datatype"  # 400
-SHAPE = "shape"  # rank, fixed dims, batch size, data length or byte size: 400
-NON_FINITE = "non_finite"  # NaN or ±Inf, or a value that overflows to ±Inf: 400
-OUT_OF_RANGE = "out_of_range"  # an integer that does not fit its dtype: 400
-BYTES_TOO_LONG = "bytes_element_too_long"  # 400
-PARAMETER = "parameter"  # a parameter of the wrong type: 400
-UNKNOWN_OUTPUT = "unknown_output"  # 400
-FILTERED_OUTPUT = "filtered_output"  # asks for an output that never leaves the pod: 403
-SHARED_MEMORY = "shared_memory"  # shared-memory tensors are not reachable through the proxy: 403
-BUSINESS_RULE = "business_rule"  # the model's JSON Schema or x-tensors rules: 400
+MALFORMED = Reason.MALFORMED
+UNKNOWN_MODEL = Reason.UNKNOWN_MODEL
+BODY_TOO_LARGE = Reason.BODY_TOO_LARGE
+TOO_MANY_ELEMENTS = Reason.TOO_MANY_ELEMENTS
+UNSUPPORTED_MEDIA_TYPE = Reason.UNSUPPORTED_MEDIA_TYPE
+SCHEMA = Reason.SCHEMA
+UNKNOWN_INPUT = Reason.UNKNOWN_INPUT
+MISSING_INPUT = Reason.MISSING_INPUT
+DATATYPE = Reason.DATATYPE
+SHAPE = Reason.SHAPE
+NON_FINITE = Reason.NON_FINITE
+OUT_OF_RANGE = Reason.OUT_OF_RANGE
+BYTES_TOO_LONG = Reason.BYTES_TOO_LONG
+PARAMETER = Reason.PARAMETER
+UNKNOWN_OUTPUT = Reason.UNKNOWN_OUTPUT
+FILTERED_OUTPUT = Reason.FILTERED_OUTPUT
+SHARED_MEMORY = Reason.SHARED_MEMORY
+BUSINESS_RULE = Reason.BUSINESS_RULE
 
 #: Longest piece of client input echoed back in an error (names, values): errors must stay short.
 MAX_ECHO_CHARS = 80
@@ -87,24 +89,14 @@ _NUMBER_MODE = rapidjson.NM_NATIVE | rapidjson.NM_NAN
 _SMALL_TEXT = 4096
 
 
-class InvalidRequest(Exception):
-    """A request refused before Triton; `body()` is the JSON the client gets."""
+class InvalidRequest(Refusal):
+    """A request refused before Triton: what is wrong, and which input (if one) it concerns."""
 
-    def __init__(self, status: int, reason: str, message: str, *, model: str = "", input: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.message = message
-        self.model = model
+    def __init__(self, reason: Reason, message: str, *, model: str = "", input: str = "") -> None:
+        super().__init__(reason, message, model=model)
         self.input = input
-
-    def body(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"error": self.message, "reason": self.reason}
-        if self.model:
-            out["model"] = self.model
-        if self.input:
-            out["input"] = self.input
-        return out
+        if input:
+            self.extra["input"] = input
 
 
 def _echo(value: Any) -> str:
@@ -133,13 +125,13 @@ _DECODER = _Decoder(number_mode=_NUMBER_MODE)
 
 
 def parse_json(data: bytes | memoryview, what: str = "request body") -> Any:
-    """The JSON document in `data`, or InvalidRequest(400, malformed) saying where it breaks."""
+    """The JSON document in `data`, or InvalidRequest(malformed) saying where it breaks."""
     try:
         return _DECODER(bytes(data) if isinstance(data, memoryview) else data)
     except RecursionError as e:
-        raise InvalidRequest(400, MALFORMED, f"{what} is nested too deeply") from e
+        raise InvalidRequest(MALFORMED, f"{what} is nested too deeply") from e
     except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidRequest(400, MALFORMED, f"{what} is not valid JSON: {_echo(str(e))}") from e
+        raise InvalidRequest(MALFORMED, f"{what} is not valid JSON: {_echo(str(e))}") from e
 
 
 # ---- per-model request specification -----------------------------------------------------------------
@@ -268,8 +260,8 @@ class ModelSpec:
     limits: Limits
     rules: RequestRules | None = None
 
-    def refuse(self, status: int, reason: str, message: str, input: str = "") -> InvalidRequest:
-        return InvalidRequest(status, reason, message, model=self.model, input=input)
+    def refuse(self, reason: Reason, message: str, input: str = "") -> InvalidRequest:
+        return InvalidRequest(reason, message, model=self.model, input=input)
 
 
 def build_model_spec(
@@ -316,7 +308,7 @@ def validate_infer_request(spec: ModelSpec, body: bytes, header_length: int | No
     plain JSON body.
     """
     if header_length is not None and not 0 < header_length <= len(body):
-        raise spec.refuse(400, MALFORMED, f"Inference-Header-Content-Length {header_length} is outside the "
+        raise spec.refuse(MALFORMED, f"Inference-Header-Content-Length {header_length} is outside the "
                                           f"body (1..{len(body)} bytes)")
     view = memoryview(body)
     json_part = view[:header_length] if header_length is not None else view
@@ -331,18 +323,18 @@ def validate_infer_request(spec: ModelSpec, body: bytes, header_length: int | No
 
 def _check_document(spec: ModelSpec, doc: Any, json_part: memoryview, binary: memoryview) -> CheckedRequest:
     if not isinstance(doc, dict):
-        raise spec.refuse(400, SCHEMA, "the request must be a JSON object with 'inputs'")
+        raise spec.refuse(SCHEMA, "the request must be a JSON object with 'inputs'")
     unknown = sorted(set(doc) - _REQUEST_KEYS)
     if unknown:
-        raise spec.refuse(400, SCHEMA, f"unknown request field {_echo(unknown[0])!r} "
+        raise spec.refuse(SCHEMA, f"unknown request field {_echo(unknown[0])!r} "
                                        f"(known: {', '.join(sorted(_REQUEST_KEYS))})")
     if "id" in doc and not isinstance(doc["id"], str):
-        raise spec.refuse(400, SCHEMA, "'id' must be a string")
+        raise spec.refuse(SCHEMA, "'id' must be a string")
     bools = _BoolCount()
     _check_parameters(spec, doc.get("parameters"), _REQUEST_PARAMETER_TYPES, "request", bools)
     inputs = doc.get("inputs")
     if not isinstance(inputs, list) or not inputs:
-        raise spec.refuse(400, SCHEMA, "'inputs' must be a non-empty list of tensors")
+        raise spec.refuse(SCHEMA, "'inputs' must be a non-empty list of tensors")
     requested = _check_requested_outputs(spec, doc.get("outputs"), bools)
 
     seen: set[str] = set()
@@ -356,23 +348,23 @@ def _check_document(spec: ModelSpec, doc: Any, json_part: memoryview, binary: me
         count = math.prod(shape)
         elements += count
         if elements > spec.limits.max_elements:
-            raise spec.refuse(413, TOO_MANY_ELEMENTS, f"the request holds more than {spec.limits.max_elements} "
+            raise spec.refuse(TOO_MANY_ELEMENTS, f"the request holds more than {spec.limits.max_elements} "
                                                       "tensor elements (validation.max_elements)", tspec.name)
         if spec.max_batch_size:
             if not 1 <= shape[0] <= spec.max_batch_size:
-                raise spec.refuse(400, SHAPE, f"batch size {shape[0]} of input {tspec.name!r} is outside "
+                raise spec.refuse(SHAPE, f"batch size {shape[0]} of input {tspec.name!r} is outside "
                                               f"1..{spec.max_batch_size} (max_batch_size)", tspec.name)
             if batch is not None and shape[0] != batch:
-                raise spec.refuse(400, SHAPE, f"input {tspec.name!r} has batch size {shape[0]}, another input "
+                raise spec.refuse(SHAPE, f"input {tspec.name!r} has batch size {shape[0]}, another input "
                                               f"has {batch}: all inputs share one batch size", tspec.name)
             batch = shape[0]
         size = (tensor.get("parameters") or {}).get("binary_data_size")
         if size is not None:
             if "data" in tensor:
-                raise spec.refuse(400, SCHEMA, f"input {tspec.name!r} has both 'data' and binary_data_size",
+                raise spec.refuse(SCHEMA, f"input {tspec.name!r} has both 'data' and binary_data_size",
                                   tspec.name)
             if offset + size > len(binary):
-                raise spec.refuse(400, SHAPE, f"input {tspec.name!r} announces {size} binary bytes, but only "
+                raise spec.refuse(SHAPE, f"input {tspec.name!r} announces {size} binary bytes, but only "
                                               f"{len(binary) - offset} follow the header", tspec.name)
             chunk = binary[offset: offset + size]
             offset += size
@@ -382,14 +374,14 @@ def _check_document(spec: ModelSpec, doc: Any, json_part: memoryview, binary: me
             json_values.append((tspec, tensor["data"]))
             _check_json_data(spec, tspec, shape, count, tensor["data"], bools)
         else:
-            raise spec.refuse(400, SCHEMA, f"input {tspec.name!r} has neither 'data' nor binary_data_size",
+            raise spec.refuse(SCHEMA, f"input {tspec.name!r} has neither 'data' nor binary_data_size",
                               tspec.name)
     if offset != len(binary):
-        raise spec.refuse(400, SHAPE, f"{len(binary) - offset} bytes follow the last binary input; "
+        raise spec.refuse(SHAPE, f"{len(binary) - offset} bytes follow the last binary input; "
                                       "binary_data_size values do not add up to the body")
     missing = sorted(n for n, t in spec.inputs.items() if not t.optional and n not in seen)
     if missing:
-        raise spec.refuse(400, MISSING_INPUT, f"required input {missing[0]!r} is missing "
+        raise spec.refuse(MISSING_INPUT, f"required input {missing[0]!r} is missing "
                                               f"(model inputs: {', '.join(sorted(spec.inputs))})", missing[0])
     _check_bools_in_numbers(spec, doc, json_part, bools, json_values)
     for tspec, chunk in binary_values:
@@ -418,10 +410,10 @@ def _check_parameters(spec: ModelSpec, params: Any, known: Mapping[str, str], wh
     if params is None:
         return
     if not isinstance(params, dict):
-        raise spec.refuse(400, PARAMETER, f"{where} 'parameters' must be an object", tensor)
+        raise spec.refuse(PARAMETER, f"{where} 'parameters' must be an object", tensor)
     for key, value in params.items():
         if key in _SHARED_MEMORY_PARAMETERS:
-            raise spec.refuse(403, SHARED_MEMORY, "shared-memory tensors are not available through the sidecar; "
+            raise spec.refuse(SHARED_MEMORY, "shared-memory tensors are not available through the sidecar; "
                                                   "send the data in the request", tensor)
         bools.add(value)
         kind = known.get(key)
@@ -436,7 +428,7 @@ def _check_parameters(spec: ModelSpec, params: Any, known: Mapping[str, str], wh
             expected = {"uint": "an unsigned integer", "bool": "true or false",
                         "uint_or_string": "an unsigned integer or a string"}.get(
                 kind or "", "a string, a bool, an integer or a finite number")
-            raise spec.refuse(400, PARAMETER, f"{where} parameter {_echo(key)!r} must be {expected}, "
+            raise spec.refuse(PARAMETER, f"{where} parameter {_echo(key)!r} must be {expected}, "
                                               f"got {_echo(value)}", tensor)
 
 
@@ -452,24 +444,24 @@ def _check_requested_outputs(spec: ModelSpec, outputs: Any, bools: _BoolCount) -
     if outputs is None:
         return ()
     if not isinstance(outputs, list):
-        raise spec.refuse(400, SCHEMA, "'outputs' must be a list of {\"name\": ...} objects")
+        raise spec.refuse(SCHEMA, "'outputs' must be a list of {\"name\": ...} objects")
     names = []
     for output in outputs:
         if not isinstance(output, dict) or not isinstance(output.get("name"), str):
-            raise spec.refuse(400, SCHEMA, "each requested output must be an object with a string 'name'")
+            raise spec.refuse(SCHEMA, "each requested output must be an object with a string 'name'")
         unknown = sorted(set(output) - _OUTPUT_KEYS)
         if unknown:
-            raise spec.refuse(400, SCHEMA, f"unknown field {_echo(unknown[0])!r} in requested output")
+            raise spec.refuse(SCHEMA, f"unknown field {_echo(unknown[0])!r} in requested output")
         name = output["name"]
         if name in spec.hidden_outputs:
-            raise spec.refuse(403, FILTERED_OUTPUT, f"output {name!r} of model {spec.model} is not available "
+            raise spec.refuse(FILTERED_OUTPUT, f"output {name!r} of model {spec.model} is not available "
                                                     "outside the pod (filtering rules)")
         if name not in spec.outputs:
             visible = ", ".join(sorted(set(spec.outputs) - spec.hidden_outputs))
-            raise spec.refuse(400, UNKNOWN_OUTPUT, f"model {spec.model} has no output {_echo(name)!r} "
+            raise spec.refuse(UNKNOWN_OUTPUT, f"model {spec.model} has no output {_echo(name)!r} "
                                                    f"(outputs: {visible})")
         if name in names:
-            raise spec.refuse(400, SCHEMA, f"output {name!r} is requested twice")
+            raise spec.refuse(SCHEMA, f"output {name!r} is requested twice")
         _check_parameters(spec, output.get("parameters"), _OUTPUT_PARAMETER_TYPES, f"output {name!r}", bools)
         names.append(name)
     return tuple(names)
@@ -478,31 +470,31 @@ def _check_requested_outputs(spec: ModelSpec, outputs: Any, bools: _BoolCount) -
 def _check_tensor_header(spec: ModelSpec, tensor: Any, index: int, seen: set[str],
                          bools: _BoolCount) -> tuple[InputSpec, tuple[int, ...]]:
     if not isinstance(tensor, dict):
-        raise spec.refuse(400, SCHEMA, f"inputs[{index}] must be an object with name, shape, datatype, data")
+        raise spec.refuse(SCHEMA, f"inputs[{index}] must be an object with name, shape, datatype, data")
     name = tensor.get("name")
     if not isinstance(name, str):
-        raise spec.refuse(400, SCHEMA, f"inputs[{index}] needs a string 'name'")
+        raise spec.refuse(SCHEMA, f"inputs[{index}] needs a string 'name'")
     unknown = sorted(set(tensor) - _INPUT_KEYS)
     if unknown:
-        raise spec.refuse(400, SCHEMA, f"unknown field {_echo(unknown[0])!r} in input {_echo(name)!r}", name)
+        raise spec.refuse(SCHEMA, f"unknown field {_echo(unknown[0])!r} in input {_echo(name)!r}", name)
     tspec = spec.inputs.get(name)
     if tspec is None:
-        raise spec.refuse(400, UNKNOWN_INPUT, f"model {spec.model} has no input {_echo(name)!r} "
+        raise spec.refuse(UNKNOWN_INPUT, f"model {spec.model} has no input {_echo(name)!r} "
                                               f"(inputs: {', '.join(sorted(spec.inputs))})")
     if name in seen:
-        raise spec.refuse(400, SCHEMA, f"input {name!r} is sent twice", name)
+        raise spec.refuse(SCHEMA, f"input {name!r} is sent twice", name)
     seen.add(name)
     datatype = tensor.get("datatype")
     if datatype != tspec.datatype:
-        raise spec.refuse(400, DATATYPE, f"input {name!r} must be {tspec.datatype}, got {_echo(datatype)}", name)
+        raise spec.refuse(DATATYPE, f"input {name!r} must be {tspec.datatype}, got {_echo(datatype)}", name)
     shape = tensor.get("shape")
     if not isinstance(shape, list) or not all(_is_int64(d) and d >= 0 for d in shape):
-        raise spec.refuse(400, SHAPE, f"input {name!r}: 'shape' must be a list of non-negative integers, "
+        raise spec.refuse(SHAPE, f"input {name!r}: 'shape' must be a list of non-negative integers, "
                                       f"got {_echo(shape)}", name)
     fits = len(shape) == len(tspec.shape) and all(
         want in (-1, got) for want, got in zip(tspec.shape, shape, strict=True))
     if not fits:
-        raise spec.refuse(400, SHAPE, f"input {name!r} must have shape {list(tspec.shape)} (-1 = any), "
+        raise spec.refuse(SHAPE, f"input {name!r} must have shape {list(tspec.shape)} (-1 = any), "
                                       f"got {_echo(shape)}", name)
     _check_parameters(spec, tensor.get("parameters"), _INPUT_PARAMETER_TYPES, f"input {name!r}", bools, name)
     return tspec, tuple(shape)
@@ -512,31 +504,31 @@ def _check_json_data(spec: ModelSpec, tspec: InputSpec, shape: tuple[int, ...], 
                      bools: _BoolCount) -> None:
     name, datatype = tspec.name, tspec.datatype
     if not isinstance(data, list):
-        raise spec.refuse(400, SCHEMA, f"input {name!r}: 'data' must be a list", name)
+        raise spec.refuse(SCHEMA, f"input {name!r}: 'data' must be a list", name)
     if datatype == "BYTES":
         _check_json_bytes(spec, tspec, count, data)
         return
     if datatype == "BF16":
-        raise spec.refuse(400, DATATYPE, f"input {name!r}: BF16 tensors can only be sent as binary data", name)
+        raise spec.refuse(DATATYPE, f"input {name!r}: BF16 tensors can only be sent as binary data", name)
     try:
         values = np.array(data)
     except (ValueError, OverflowError) as e:
-        raise spec.refuse(400, SHAPE, f"input {name!r}: 'data' is not a regular array of values "
+        raise spec.refuse(SHAPE, f"input {name!r}: 'data' is not a regular array of values "
                                       f"({_echo(str(e))})", name) from e
     if values.size != count:
-        raise spec.refuse(400, SHAPE, f"input {name!r}: shape {list(shape)} holds {count} values, "
+        raise spec.refuse(SHAPE, f"input {name!r}: shape {list(shape)} holds {count} values, "
                                       f"'data' has {values.size}", name)
     kind = values.dtype.kind
     if datatype == "BOOL":
         if kind != "b" and values.size:
-            raise spec.refuse(400, DATATYPE, f"input {name!r}: BOOL data must be true/false", name)
+            raise spec.refuse(DATATYPE, f"input {name!r}: BOOL data must be true/false", name)
         trues = int(np.count_nonzero(values))
         bools.true += trues
         bools.false += values.size - trues
         return
     if kind not in "iuf" or (datatype in _INT_DATATYPES and kind == "f"):
         want = "integers" if datatype in _INT_DATATYPES else "numbers"
-        raise spec.refuse(400, DATATYPE, f"input {name!r}: {datatype} data must be {want}", name)
+        raise spec.refuse(DATATYPE, f"input {name!r}: {datatype} data must be {want}", name)
     if not values.size:
         return
     if datatype in _INT_DATATYPES:
@@ -544,7 +536,7 @@ def _check_json_data(spec: ModelSpec, tspec: InputSpec, shape: tuple[int, ...], 
         vmin, vmax = int(values.min()), int(values.max())
         if vmin < low or vmax > high:
             bad = vmin if vmin < low else vmax
-            raise spec.refuse(400, OUT_OF_RANGE, f"input {name!r}: value {bad} does not fit {datatype} "
+            raise spec.refuse(OUT_OF_RANGE, f"input {name!r}: value {bad} does not fit {datatype} "
                                                  f"({low}..{high})", name)
         return
     # One pass for the common case: NaN propagates into the max, ±Inf and overflow exceed the bound.
@@ -555,23 +547,23 @@ def _check_json_data(spec: ModelSpec, tspec: InputSpec, shape: tuple[int, ...], 
     finite = np.isfinite(as_float)
     if not finite.all():
         # JSON has no NaN/Infinity: Triton's parser refuses them even when we would let them pass.
-        raise spec.refuse(400, NON_FINITE, f"input {name!r}: NaN/Infinity at element "
+        raise spec.refuse(NON_FINITE, f"input {name!r}: NaN/Infinity at element "
                                            f"{int(np.argmin(finite))}; JSON numbers must be finite", name)
     largest = float(np.abs(as_float).max())
     if largest > _FLOAT_MAX[datatype] and spec.limits.reject_non_finite:
-        raise spec.refuse(400, NON_FINITE, f"input {name!r}: value {largest:g} overflows {datatype} to "
+        raise spec.refuse(NON_FINITE, f"input {name!r}: value {largest:g} overflows {datatype} to "
                                            "infinity", name)
 
 
 def _check_json_bytes(spec: ModelSpec, tspec: InputSpec, count: int, data: list[Any]) -> None:
     flat = _flatten_strings(spec, tspec.name, data)
     if len(flat) != count:
-        raise spec.refuse(400, SHAPE, f"input {tspec.name!r}: shape holds {count} values, 'data' has "
+        raise spec.refuse(SHAPE, f"input {tspec.name!r}: shape holds {count} values, 'data' has "
                                       f"{len(flat)}", tspec.name)
     limit = spec.limits.max_bytes_element
     for i, value in enumerate(flat):
         if len(value) > limit and len(value.encode()) > limit:
-            raise spec.refuse(400, BYTES_TOO_LONG, f"input {tspec.name!r}: element {i} is longer than {limit} "
+            raise spec.refuse(BYTES_TOO_LONG, f"input {tspec.name!r}: element {i} is longer than {limit} "
                                                    "bytes (validation.max_bytes_element)", tspec.name)
 
 
@@ -582,11 +574,11 @@ def _flatten_strings(spec: ModelSpec, name: str, data: list[Any]) -> list[str]:
         for value in stack[-1]:
             if isinstance(value, list):
                 if len(stack) >= 64:
-                    raise spec.refuse(400, SHAPE, f"input {name!r}: 'data' is nested too deeply", name)
+                    raise spec.refuse(SHAPE, f"input {name!r}: 'data' is nested too deeply", name)
                 stack.append(iter(value))
                 break
             if not isinstance(value, str):
-                raise spec.refuse(400, DATATYPE, f"input {name!r}: BYTES data must be strings, got "
+                raise spec.refuse(DATATYPE, f"input {name!r}: BYTES data must be strings, got "
                                                  f"{_echo(value)}", name)
             flat.append(value)
         else:
@@ -619,7 +611,7 @@ def _check_bools_in_numbers(spec: ModelSpec, doc: Mapping[str, Any], json_part: 
             if isinstance(node, list):
                 stack.extend(node)
             elif isinstance(node, bool):
-                raise spec.refuse(400, DATATYPE, f"input {tspec.name!r}: {tspec.datatype} data must be numbers, "
+                raise spec.refuse(DATATYPE, f"input {tspec.name!r}: {tspec.datatype} data must be numbers, "
                                                  f"got {str(node).lower()}", tspec.name)
 
 
@@ -650,7 +642,7 @@ def _check_binary_size(spec: ModelSpec, tspec: InputSpec, shape: tuple[int, ...]
         return
     expected = count * ELEMENT_SIZE[datatype]
     if len(chunk) != expected:
-        raise spec.refuse(400, SHAPE, f"input {name!r}: shape {list(shape)} of {datatype} is {expected} bytes, "
+        raise spec.refuse(SHAPE, f"input {name!r}: shape {list(shape)} of {datatype} is {expected} bytes, "
                                       f"binary_data_size is {len(chunk)}", name)
 
 
@@ -660,15 +652,15 @@ def _check_binary_bytes(spec: ModelSpec, tspec: InputSpec, count: int, chunk: me
     pos = 0
     for i in range(count):
         if pos + 4 > len(chunk):
-            raise spec.refuse(400, SHAPE, f"input {tspec.name!r}: binary data ends after {i} of {count} "
+            raise spec.refuse(SHAPE, f"input {tspec.name!r}: binary data ends after {i} of {count} "
                                           "BYTES elements", tspec.name)
         (length,) = struct.unpack_from("<I", chunk, pos)
         if length > limit:
-            raise spec.refuse(400, BYTES_TOO_LONG, f"input {tspec.name!r}: element {i} is {length} bytes, "
+            raise spec.refuse(BYTES_TOO_LONG, f"input {tspec.name!r}: element {i} is {length} bytes, "
                                                    f"more than {limit} (validation.max_bytes_element)", tspec.name)
         pos += 4 + length
     if pos != len(chunk):
-        raise spec.refuse(400, SHAPE, f"input {tspec.name!r}: {count} BYTES elements take {pos} bytes, "
+        raise spec.refuse(SHAPE, f"input {tspec.name!r}: {count} BYTES elements take {pos} bytes, "
                                       f"binary_data_size is {len(chunk)}", tspec.name)
 
 
@@ -683,7 +675,7 @@ def _check_binary_values(spec: ModelSpec, tspec: InputSpec, chunk: memoryview) -
     else:
         finite = np.isfinite(values)
     if not finite.all():
-        raise spec.refuse(400, NON_FINITE, f"input {tspec.name!r}: NaN or ±Inf at element "
+        raise spec.refuse(NON_FINITE, f"input {tspec.name!r}: NaN or ±Inf at element "
                                            f"{int(np.argmin(finite))} (validation.reject_non_finite)", tspec.name)
 
 
@@ -704,7 +696,7 @@ def _check_rules(spec: ModelSpec, rules: RequestRules, doc: Mapping[str, Any],
         error = next(iter(rules.envelope.iter_errors(envelope)), None)
         if error is not None:
             where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
-            raise spec.refuse(400, BUSINESS_RULE, f"request breaks {rules.path.name} at ${where}: "
+            raise spec.refuse(BUSINESS_RULE, f"request breaks {rules.path.name} at ${where}: "
                                                   f"{_echo(error.message)}")
     for tspec, data in json_values:
         rule = rules.tensors.get(tspec.name)
@@ -729,7 +721,7 @@ def _check_tensor_rule(spec: ModelSpec, rules: RequestRules, tspec: InputSpec, r
         ok = np.isin(values, allowed)
         if not ok.all():
             i = int(np.argmin(ok))
-            raise spec.refuse(400, BUSINESS_RULE, f"{where}: element {i} = {_echo(values[i].item())} is not one "
+            raise spec.refuse(BUSINESS_RULE, f"{where}: element {i} = {_echo(values[i].item())} is not one "
                                                   f"of {_echo(list(rule.enum))}", name)
     if tspec.datatype == "BYTES":
         return
@@ -742,6 +734,6 @@ def _check_tensor_rule(spec: ModelSpec, rules: RequestRules, tspec: InputSpec, r
         bad = breaks(values, bound)
         if bad.any():
             i = int(np.argmax(bad))
-            raise spec.refuse(400, BUSINESS_RULE, f"{where}: element {i} = {values[i].item()!r} is {words} "
+            raise spec.refuse(BUSINESS_RULE, f"{where}: element {i} = {values[i].item()!r} is {words} "
                                                   f"{bound!r}", name)
 

@@ -109,21 +109,21 @@ async def test_proxied_traffic_around_a_heal_is_counted_by_model_code_reason_and
 
     m = await _scrape(sidecar)
     requests = "triton_sidecar_proxy_requests"
-    assert _value(m, requests, f"{requests}_total", model=model, code="200") == 4
-    assert _value(m, requests, f"{requests}_total", model=model, code="400") == 1
-    assert _value(m, requests, f"{requests}_total", model=model, code="403") == 1
-    assert _value(m, requests, f"{requests}_total", model="_unknown_", code="404") == 1
+    assert _value(m, requests, f"{requests}_total", protocol="http", model=model, code="200") == 4
+    assert _value(m, requests, f"{requests}_total", protocol="http", model=model, code="400") == 1
+    assert _value(m, requests, f"{requests}_total", protocol="http", model=model, code="403") == 1
+    assert _value(m, requests, f"{requests}_total", protocol="http", model="_unknown_", code="404") == 1
     assert quarantined == [503, 503]  # the heal takes seconds: both arrive while quarantined
     rejections = "triton_sidecar_proxy_rejections"
-    assert _value(m, rejections, f"{rejections}_total", model=model, reason="malformed") == 1
-    assert _value(m, rejections, f"{rejections}_total", model=model, reason="filtered_output") == 1
-    assert _value(m, rejections, f"{rejections}_total", model="_unknown_", reason="unknown_model") == 1
+    assert _value(m, rejections, f"{rejections}_total", protocol="http", model=model, reason="malformed") == 1
+    assert _value(m, rejections, f"{rejections}_total", protocol="http", model=model, reason="filtered_output") == 1
+    assert _value(m, rejections, f"{rejections}_total", protocol="http", model="_unknown_", reason="unknown_model") == 1
     filtered = "triton_sidecar_outputs_filtered"
     assert _value(m, filtered, f"{filtered}_total", model=model, output="income_prob") == 4
     quarantine = "triton_sidecar_proxy_quarantined"
     assert _value(m, quarantine, f"{quarantine}_total", model=model, outcome="rejected") == 2
     duration = "triton_sidecar_proxy_request_duration_seconds"
-    assert _value(m, duration, f"{duration}_count", model=model) >= 6
+    assert _value(m, duration, f"{duration}_count", protocol="http", model=model) >= 6
     assert _value(m, "triton_sidecar_proxy_in_flight", "triton_sidecar_proxy_in_flight", model=model) == 0
     labels = {s.labels.get("model") for f in m.values() for s in f.samples if f.name.startswith("triton_sidecar_")}
     assert labels <= {model, "_unknown_", "_server_", None}, labels  # no label from a raw request path

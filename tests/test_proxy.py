@@ -264,10 +264,13 @@ async def test_bad_requests_are_refused_before_reaching_triton(triton, start):
     assert status == 404 and json.loads(answer)["reason"] == "unknown_model"
 
     assert triton_successes(triton, "credit_risk") == before, "a refused request reached Triton"
-    assert sidecar.metric("triton_sidecar_proxy_rejections_total", model="credit_risk", reason="shape") == 4
+    assert sidecar.metric("triton_sidecar_proxy_rejections_total",
+                          protocol="http", model="credit_risk", reason="shape") == 4
     # Unknown model names never become metric labels.
-    assert sidecar.metric("triton_sidecar_proxy_rejections_total", model="_unknown_", reason="unknown_model") == 1
-    assert sidecar.metric("triton_sidecar_proxy_requests_total", model="nope", code="404") is None
+    assert sidecar.metric("triton_sidecar_proxy_rejections_total",
+                          protocol="http", model="_unknown_", reason="unknown_model") == 1
+    assert sidecar.metric("triton_sidecar_proxy_requests_total",
+                          protocol="http", model="nope", code="404") is None
 
 
 async def test_a_huge_declared_body_is_refused_before_it_is_sent(triton, start):
@@ -393,7 +396,8 @@ async def test_unknown_model_names_do_not_grow_metric_labels(triton, start):
     for i in range(20):
         async with sidecar.session.get(f"{sidecar.url}/v2/models/random-{i}") as r:
             assert r.status == 404
-    await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_requests_total", model="_unknown_", code="404")
+    await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_requests_total",
+                          protocol="http", model="_unknown_", code="404")
                    == 20, 2, what="20 unknown-model 404s counted under one label")
     families = {s.labels.get("model") for m in sidecar.registry.collect() for s in m.samples}
     assert not any(str(label).startswith("random-") for label in families)

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-from sidecar.appkeys import STATES, WATCH
-from sidecar.proxy import PROXY
+from sidecar.appkeys import SERVING, STATES, WATCH
 from sidecar.states import ModelState
 from tests.harness import wait_for
 from tests.proxy_support import credit_json, proxy_config, served_like_production, started_and_healthy
@@ -164,7 +163,7 @@ async def test_a_hung_model_gets_504_the_breaker_sheds_load_and_gone_clients_fre
     first = asyncio.create_task(post())
     await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_in_flight", model=model) == 1, 5, what="in flight")
     queued = asyncio.create_task(post())
-    await wait_for(lambda: sidecar.app[PROXY].breaker(model).waiting == 1, 5, what="one request queued")
+    await wait_for(lambda: sidecar.app[SERVING].breaker(model).waiting == 1, 5, what="one request queued")
     started = time.monotonic()
     status, doc = await post()
     assert (status, doc["reason"]) == (503, "overloaded") and time.monotonic() - started < 1.0
@@ -178,7 +177,8 @@ async def test_a_hung_model_gets_504_the_breaker_sheds_load_and_gone_clients_fre
         await post(timeout=0.3)
     await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_in_flight", model=model) == 0, 1.0,
                    what="in-flight back to 0 after the client left")
-    await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_requests_total", model=model, code="499") == 1, 1.0,
+    await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_requests_total",
+                          protocol="http", model=model, code="499") == 1, 1.0,
                    what="499 counted")
 
 
@@ -197,7 +197,8 @@ async def test_a_client_that_leaves_cancels_its_upstream_call_when_served_like_p
                         pass
             # Freed within the poll period, not after the 30 s upstream bound.
             await wait_for(lambda: registry.get_sample_value("triton_sidecar_proxy_requests_total",
-                                                             {"model": model, "code": "499"}) == 1, 2.0,
+                                                             {"protocol": "http", "model": model,
+                                                              "code": "499"}) == 1, 2.0,
                            what="499 counted")
         assert registry.get_sample_value("triton_sidecar_proxy_in_flight", {"model": model}) == 0
         assert any(e["event"] == "client_disconnected" and e["model"] == model for e in logs)
