@@ -44,11 +44,11 @@ class RequestTelemetry:
         self._metrics = metrics
         self._sample_rate = access_log_sample_rate
         self._rng = random.Random()  # noqa: S311 - log sampling and request ids, not secrets
-        self._requests: dict[tuple[str, str, str], Any] = {}
-        self._durations: dict[tuple[str, str], Any] = {}
-        self._rejections: dict[tuple[str, str, str], Any] = {}
-        self._in_flight: dict[str, Any] = {}
-        self._filtered: dict[tuple[str, str], Any] = {}
+        self._requests: dict[tuple[str, ...], Any] = {}
+        self._durations: dict[tuple[str, ...], Any] = {}
+        self._rejections: dict[tuple[str, ...], Any] = {}
+        self._in_flight: dict[tuple[str, ...], Any] = {}
+        self._filtered: dict[tuple[str, ...], Any] = {}
 
     def begin(self, protocol: str, request_id: str | None, traceparent: str | None) -> RequestContext:
         """The request's context: the client's X-Request-ID when it is sane, else a new one."""
@@ -63,18 +63,10 @@ class RequestTelemetry:
                failed: bool = False) -> None:
         """Count the request and write its access-log line (every failure, a sample of the rest)."""
         duration = time.perf_counter() - ctx.started
-        key = (ctx.protocol, ctx.label, code)
-        counter = self._requests.get(key)
-        if counter is None:
-            counter = self._requests[key] = self._metrics.proxy_requests.labels(
-                protocol=ctx.protocol, model=ctx.label, code=code)
-        counter.inc()
-        hkey = (ctx.protocol, ctx.label)
-        histogram = self._durations.get(hkey)
-        if histogram is None:
-            histogram = self._durations[hkey] = self._metrics.proxy_duration.labels(protocol=ctx.protocol,
-                                                                                    model=ctx.label)
-        histogram.observe(duration)
+        _child(self._requests, self._metrics.proxy_requests, protocol=ctx.protocol, model=ctx.label,
+               code=code).inc()
+        _child(self._durations, self._metrics.proxy_duration, protocol=ctx.protocol, model=ctx.label
+               ).observe(duration)
         if not failed:
             rate = self._sample_rate
             # No random draw when the answer is fixed: rate 0 logs none, rate 1 logs all.
@@ -92,26 +84,24 @@ class RequestTelemetry:
         (log.warning if _is_server_side(code) else log.info)("proxy_request", **fields)
 
     def rejected(self, ctx: RequestContext, reason: str) -> None:
-        key = (ctx.protocol, ctx.label, reason)
-        counter = self._rejections.get(key)
-        if counter is None:
-            counter = self._rejections[key] = self._metrics.proxy_rejections.labels(
-                protocol=ctx.protocol, model=ctx.label, reason=reason)
-        counter.inc()
+        _child(self._rejections, self._metrics.proxy_rejections, protocol=ctx.protocol, model=ctx.label,
+               reason=reason).inc()
 
     def in_flight(self, model: str) -> Any:
-        gauge = self._in_flight.get(model)
-        if gauge is None:
-            gauge = self._in_flight[model] = self._metrics.in_flight.labels(model=model)
-        return gauge
+        return _child(self._in_flight, self._metrics.in_flight, model=model)
 
     def filtered(self, model: str, outputs: list[str]) -> None:
         for name in outputs:
-            key = (model, name)
-            counter = self._filtered.get(key)
-            if counter is None:
-                counter = self._filtered[key] = self._metrics.outputs_filtered.labels(model=model, output=name)
-            counter.inc()
+            _child(self._filtered, self._metrics.outputs_filtered, model=model, output=name).inc()
+
+
+def _child(cache: dict[tuple[str, ...], Any], metric: Any, **labels: str) -> Any:
+    """The metric's child for these labels, looked up once and then kept."""
+    key = tuple(labels.values())
+    child = cache.get(key)
+    if child is None:
+        child = cache[key] = metric.labels(**labels)
+    return child
 
 
 _SERVER_SIDE_GRPC = frozenset({"UNAVAILABLE", "INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED", "DATA_LOSS"})
