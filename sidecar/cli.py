@@ -17,13 +17,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import structlog
-from aiohttp import web
 
 from sidecar import __version__
-from sidecar.app import app_runner, create_app
+from sidecar.app import create_app
 from sidecar.appkeys import HEALER, LIFECYCLE
 from sidecar.config import ConfigError, SidecarConfig, load_config
 from sidecar.golden import GoldenFileError, load_golden_dir
+from sidecar.http_listener import SidecarListener
 from sidecar.logs import configure_logging
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -100,10 +100,8 @@ async def serve(config: SidecarConfig, golden: dict, *, stop: asyncio.Event | No
     """Serve until SIGTERM/SIGINT (or `stop`), then drain: readiness fails at once, in-flight
     requests and heals get up to lifecycle.drain_s, then everything is closed."""
     app = create_app(config, golden=golden)
-    runner = app_runner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, config.listen.host, config.listen.port)
-    await site.start()
+    listener = SidecarListener(app)
+    await listener.start(config.listen.host, config.listen.port)
     log.info("sidecar_started", version=__version__, listen=f"{config.listen.host}:{config.listen.port}",
              triton=config.triton.url, config=config.source)
     stop = stop or asyncio.Event()
@@ -121,7 +119,7 @@ async def serve(config: SidecarConfig, golden: dict, *, stop: asyncio.Event | No
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        await runner.cleanup()
+        await listener.close()
         log.info("sidecar_stopped")
 
 

@@ -42,6 +42,9 @@ class TritonSection:
 class ListenSection:
     host: str = "0.0.0.0"  # noqa: S104 - the pod's one exposed port
     port: int = 8080
+    #: Answer POST .../infer on the httptools path (sidecar/http_listener.py), a fraction of aiohttp's
+    #: CPU per request; off = every request through aiohttp (same answers; kept as an escape hatch).
+    fast_infer: bool = True
 
 
 @dataclass(frozen=True)
@@ -224,7 +227,8 @@ CONFIG_SCHEMA: dict[str, Any] = {
             repository_header={"type": "string", "pattern": r"^[A-Za-z0-9-]*$"},
             repository_token=_STR,
         ),
-        "listen": _section(host={"type": "string", "minLength": 1}, port=_int(1, 65535)),
+        "listen": _section(host={"type": "string", "minLength": 1}, port=_int(1, 65535),
+                           fast_infer={"type": "boolean"}),
         "golden_dir": {"type": "string", "minLength": 1},
         "models": {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True},
         "probes": _section(

@@ -16,7 +16,7 @@ its golden requests pass.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -41,7 +41,7 @@ log = structlog.get_logger("sidecar.proxy")
 READ_CHUNK = 256 * 1024
 _IDENTITY = {"Accept-Encoding": "identity"}
 #: What aiohttp inflates itself (br/zstd when their libraries are installed, else a 400 on read).
-_ENCODINGS = frozenset({"", "identity", "gzip", "deflate", "br", "zstd"})
+ENCODINGS = frozenset({"", "identity", "gzip", "deflate", "br", "zstd"})
 _JSON_TYPES = frozenset({"", "application/json", "application/octet-stream"})
 #: Headers passed on to Triton; everything else (auth, cookies, the repository token) stays here.
 _FORWARDED_HEADERS = ("traceparent", "tracestate")
@@ -288,9 +288,15 @@ def _passthrough(status: int, content_type: str, body: bytes) -> web.Response:
 async def infer(request: web.Request, ctx: RequestContext) -> web.StreamResponse:
     core = request.app[SERVING]
     model, version = _model_and_version(request, ctx)
-    header_length = _header_length(request, model)
+    header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"), model)
     body = await _read_body(request, core, model)
-    exchange = HttpInferExchange(request, ctx, model, version, body, header_length)
+
+    def client_gone() -> bool:
+        transport = request.transport
+        return transport is None or transport.is_closing()
+
+    exchange = HttpInferExchange(request.app[UPSTREAM], core.config.triton.url, ctx, model, version, body,
+                                 header_length, forwarded_headers(request.headers), client_gone)
     status, headers, answer = await core.infer(model, version, exchange)
     response = web.Response(status=status, body=answer, content_type=headers.get("Content-Type", "application/json"))
     if "Inference-Header-Content-Length" in headers:
@@ -298,42 +304,46 @@ async def infer(request: web.Request, ctx: RequestContext) -> web.StreamResponse
     return response
 
 
+def forwarded_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The client's headers that Triton gets (case-insensitive `headers`)."""
+    return {name: headers[name] for name in _FORWARDED_HEADERS if name in headers}
+
+
 class HttpInferExchange:
     """One POST .../infer: the body is validated as it is and forwarded byte for byte."""
 
-    def __init__(self, request: web.Request, ctx: RequestContext, model: str, version: str, body: bytes,
-                 header_length: int | None) -> None:
-        self.request = request
+    def __init__(self, session: aiohttp.ClientSession, triton_url: str, ctx: RequestContext, model: str,
+                 version: str, body: bytes, header_length: int | None, forwarded: Mapping[str, str],
+                 client_gone: Callable[[], bool]) -> None:
+        self.session = session
         self.model = model
         self.body = body
         self.header_length = header_length
-        self.url = request.app[SERVING].config.triton.url.rstrip("/") + model_path(model, version) + "/infer"
+        self.client_gone = client_gone
+        self.url = triton_url.rstrip("/") + model_path(model, version) + "/infer"
         # identity: the client session would ask for gzip, and the answer must be readable to be screened
         headers = {"X-Request-ID": ctx.request_id, "Accept-Encoding": "identity",
                    "Content-Type": "application/octet-stream" if header_length is not None else "application/json"}
         if header_length is not None:
             headers["Inference-Header-Content-Length"] = str(header_length)
-        for name in _FORWARDED_HEADERS:
-            if name in request.headers:
-                headers[name] = request.headers[name]
+        headers.update(forwarded)
         self.headers = headers
 
     def validate(self, spec: ModelSpec) -> None:
         validate_infer_request(spec, self.body, self.header_length)
 
     async def send(self) -> HttpAnswer:
-        """The upstream call runs in the handler's own task: the server cancels the handler when its
-        client disconnects (handler_cancellation, see sidecar.app.app_runner), which cancels this call
-        and frees its Triton connection and breaker slot."""
+        """Runs in the request's own task: the server cancels it when its client disconnects
+        (aiohttp's handler_cancellation, or the fast listener's connection_lost), which cancels this
+        call and frees its Triton connection and breaker slot."""
         try:
-            async with self.request.app[UPSTREAM].post(self.url, data=self.body, headers=self.headers) as response:
+            async with self.session.post(self.url, data=self.body, headers=self.headers) as response:
                 answer = await response.read()
                 status = response.status
                 kept = {k: response.headers[k] for k in ("Content-Type", "Inference-Header-Content-Length")
                         if k in response.headers}
         except asyncio.CancelledError:
-            transport = self.request.transport
-            if transport is None or transport.is_closing():
+            if self.client_gone():
                 log.info("client_disconnected", model=self.model, cause="client closed the connection while "
                                                                         "Triton was answering; upstream call cancelled")
             raise
@@ -357,24 +367,43 @@ class HttpInferExchange:
         return Screened((200, kept, screened.body), dropped=screened.dropped, non_finite=screened.non_finite)
 
 
-async def _read_body(request: web.Request, core: ServingCore, model: str) -> bytes:
-    """The whole body, refused with 413 as soon as it is known to be too large (never buffered past
-    the limit) and with 408 when the client sends it too slowly."""
-    limit = core.config.validation.max_body_bytes
-    too_large = Refusal(Reason.BODY_TOO_LARGE, f"request body larger than {limit} bytes "
-                                               "(validation.max_body_bytes)", model=model)
-    declared = request.content_length
-    if declared is not None and declared > limit:
-        raise too_large
-    ctype = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+def check_body_headers(content_type: str, content_encoding: str, model: str) -> str:
+    """Refuse bodies the proxy cannot read (415); the encoding, lower-cased, when it can."""
+    ctype = content_type.split(";")[0].strip().lower()
     if ctype not in _JSON_TYPES:
         raise Refusal(Reason.UNSUPPORTED_MEDIA_TYPE, f"Content-Type {cut(ctype)!r} is not accepted; send "
                                                      "application/json (or application/octet-stream with "
                                                      "Inference-Header-Content-Length)", model=model)
-    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding not in _ENCODINGS:
+    encoding = content_encoding.strip().lower()
+    if encoding not in ENCODINGS:
         raise Refusal(Reason.UNSUPPORTED_MEDIA_TYPE, f"Content-Encoding {cut(encoding)!r} is not accepted; "
                                                      "send the body uncompressed, gzip, deflate or br", model=model)
+    return encoding
+
+
+def body_too_large(limit: int, model: str) -> Refusal:
+    return Refusal(Reason.BODY_TOO_LARGE, f"request body larger than {limit} bytes (validation.max_body_bytes)",
+                   model=model)
+
+
+def body_timeout(timeout_s: float, model: str) -> Refusal:
+    return Refusal(Reason.BODY_TIMEOUT, f"request body not received within {timeout_s:g} s "
+                                        "(proxy.client_body_timeout_s)", model=model)
+
+
+def unreadable_body(encoding: str, e: BaseException, model: str) -> Refusal:
+    return Refusal(Reason.MALFORMED, f"request body cannot be read ({encoding}): {cut(str(e))}", model=model)
+
+
+async def _read_body(request: web.Request, core: ServingCore, model: str) -> bytes:
+    """The whole body, refused with 413 as soon as it is known to be too large (never buffered past
+    the limit) and with 408 when the client sends it too slowly."""
+    limit = core.config.validation.max_body_bytes
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise body_too_large(limit, model)
+    encoding = check_body_headers(request.headers.get("Content-Type", ""),
+                                  request.headers.get("Content-Encoding", "identity"), model)
     # aiohttp inflates gzip/deflate bodies as they stream in; the limit counts inflated bytes (so a
     # zip bomb stops at max_body_bytes) and Triton gets the inflated body.
     compressed = encoding not in ("", "identity")
@@ -384,8 +413,7 @@ async def _read_body(request: web.Request, core: ServingCore, model: str) -> byt
         try:
             return await content.readexactly(declared) if declared else b""
         except asyncio.IncompleteReadError as e:
-            raise Refusal(Reason.MALFORMED, f"request body ended after {len(e.partial)} of {declared} bytes",
-                          model=model) from e
+            raise _ended_early(e, declared, model) from e
     timeout_s = core.settings.client_body_timeout_s
     try:
         async with asyncio.timeout(timeout_s):
@@ -398,21 +426,22 @@ async def _read_body(request: web.Request, core: ServingCore, model: str) -> byt
                     return b"".join(chunks)
                 total += len(chunk)
                 if total > limit:
-                    raise too_large
+                    raise body_too_large(limit, model)
                 chunks.append(chunk)
     except TimeoutError:
-        raise Refusal(Reason.BODY_TIMEOUT, f"request body not received within {timeout_s:g} s "
-                                           "(proxy.client_body_timeout_s)", model=model) from None
+        raise body_timeout(timeout_s, model) from None
     except asyncio.IncompleteReadError as e:
-        raise Refusal(Reason.MALFORMED, f"request body ended after {len(e.partial)} of {declared} bytes",
-                      model=model) from e
+        raise _ended_early(e, declared, model) from e
     except RequestPayloadError as e:
-        raise Refusal(Reason.MALFORMED, f"request body cannot be read ({encoding}): {cut(str(e))}",
-                      model=model) from e
+        raise unreadable_body(encoding, e, model) from e
 
 
-def _header_length(request: web.Request, model: str) -> int | None:
-    raw = request.headers.get("Inference-Header-Content-Length")
+def _ended_early(e: asyncio.IncompleteReadError, declared: int | None, model: str) -> Refusal:
+    return Refusal(Reason.MALFORMED, f"request body ended after {len(e.partial)} of {declared} bytes", model=model)
+
+
+def parse_header_length(raw: str | None, model: str) -> int | None:
+    """Inference-Header-Content-Length: None without it (a JSON body), else a byte count."""
     if raw is None:
         return None
     value = _int_or_none(raw)

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
 from sidecar.app import create_app
 from sidecar.appkeys import STATES
 from sidecar.config import SidecarConfig, load_config
 from sidecar.golden import load_golden_dir
+from sidecar.http_listener import SidecarListener
 from sidecar.states import ModelState, Transition
 from sidecar.tritonserver import LocalTriton, stub_pids
 
@@ -165,14 +165,14 @@ def sidecar_config(server: LocalTriton, /, *, models: list[str], golden_dir: Pat
 class RunningSidecar:
     """The production app (create_app) on a real loopback socket, plus what the test observes."""
 
-    server: TestServer
+    server: SidecarListener
     session: aiohttp.ClientSession
     registry: CollectorRegistry
     transitions: list[Transition] = field(default_factory=list)
 
     @property
     def url(self) -> str:
-        return str(self.server.make_url("")).rstrip("/")
+        return f"http://127.0.0.1:{self.server.port}"
 
     @property
     def app(self):  # type: ignore[no-untyped-def]
@@ -197,9 +197,9 @@ class RunningSidecar:
 async def start_sidecar(config: SidecarConfig) -> RunningSidecar:
     registry = CollectorRegistry()
     app = create_app(config, registry=registry, golden=load_golden_dir(config.golden_dir))
-    running = RunningSidecar(TestServer(app, host="127.0.0.1"), aiohttp.ClientSession(), registry)
+    running = RunningSidecar(SidecarListener(app), aiohttp.ClientSession(), registry)
     app[STATES].add_listener(running.transitions.append)
-    await running.server.start_server()
+    await running.server.start("127.0.0.1", 0)
     return running
 
 

@@ -19,9 +19,10 @@ import tritonclient.http as triton_http
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sidecar.app import app_runner, create_app
+from sidecar.app import create_app
 from sidecar.config import FilterRule, SidecarConfig
 from sidecar.golden import load_golden_dir
+from sidecar.http_listener import SidecarListener
 from sidecar.states import ModelState
 from sidecar.tritonserver import LocalTriton
 from tests.harness import GOLDEN, RunningSidecar, sidecar_config, start_sidecar, stop_sidecar, wait_for
@@ -161,15 +162,12 @@ class SidecarThread:
 @contextlib.asynccontextmanager
 async def served_like_production(
         config: SidecarConfig) -> AsyncIterator[tuple[web.Application, CollectorRegistry, str]]:
-    """The app behind the very runner `triton-sidecar run` uses (sidecar.app.app_runner)."""
+    """The app behind the very listener `triton-sidecar run` uses (sidecar.http_listener)."""
     registry = CollectorRegistry()
     app = create_app(config, registry=registry, golden=load_golden_dir(config.golden_dir))
-    runner = app_runner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    listener = SidecarListener(app)
+    await listener.start("127.0.0.1", 0)
     try:
-        yield app, registry, f"http://127.0.0.1:{port}"
+        yield app, registry, f"http://127.0.0.1:{listener.port}"
     finally:
-        await runner.cleanup()
+        await listener.close()

@@ -275,7 +275,7 @@ async def test_bad_requests_are_refused_before_reaching_triton(triton, start):
 
 async def test_a_huge_declared_body_is_refused_before_it_is_sent(triton, start):
     sidecar = await started_and_healthy(start, proxy_config(triton, models=["credit_risk"]))
-    host, port = sidecar.server.host, sidecar.server.port
+    host, port = "127.0.0.1", sidecar.server.port
     head = (f"POST {CREDIT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {1024 ** 3}\r\n\r\n").encode()
     started = time.monotonic()
@@ -333,7 +333,7 @@ async def test_a_slow_client_gets_408_without_holding_up_others(triton, start):
     body = json.dumps(credit_json()).encode()
     head = (f"POST {CREDIT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
-    slow = asyncio.create_task(raw_http(sidecar.server.host, sidecar.server.port, head, [body[:100]]))
+    slow = asyncio.create_task(raw_http("127.0.0.1", sidecar.server.port, head, [body[:100]]))
     # Meanwhile other clients are served at once.
     for _ in range(3):
         started = time.monotonic()
