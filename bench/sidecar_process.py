@@ -32,8 +32,8 @@ def sidecar_settings(
     """A config file's content for a sidecar in front of `triton`, on loopback; `sections` are merged
     into the top-level keys (probes, healing, proxy, validation, filtering, logging, ...)."""
     settings: dict[str, Any] = {
-        "triton": {"url": triton.url, "metrics_url": triton.metrics_url},
-        "listen": {"host": "127.0.0.1", "port": port or free_port()},
+        "triton": {"url": triton.url, "metrics_url": triton.metrics_url, "grpc_url": f"127.0.0.1:{triton.ports.grpc}"},
+        "listen": {"host": "127.0.0.1", "port": port or free_port(), "grpc_port": 0},
         "golden_dir": str(golden_dir),
         "models": list(models),
         "logging": {"format": "json", "level": "info"},

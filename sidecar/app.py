@@ -32,6 +32,7 @@ from sidecar.appkeys import (
 )
 from sidecar.config import SidecarConfig
 from sidecar.golden import GoldenCase, load_golden_dir
+from sidecar.grpc_front import grpc_front
 from sidecar.healer import Healer
 from sidecar.http_front import add_http_routes, document_fetcher
 from sidecar.lifecycle import Lifecycle
@@ -85,6 +86,8 @@ def create_app(
         probe_soon=app[PROBER].probe_soon, mark_unreachable=app[WATCH].mark_unreachable)
     app.cleanup_ctx.append(_upstream_session)
     app.cleanup_ctx.append(_monitors)
+    # Last in, first out: the gRPC server stops (and drains) before the monitors and sessions.
+    app.cleanup_ctx.append(grpc_front)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)

@@ -28,6 +28,8 @@ class ConfigError(ValueError):
 class TritonSection:
     #: Triton's HTTP endpoint inside the pod (loopback: its ports never leave the pod).
     url: str = "http://127.0.0.1:8000"
+    #: Triton's gRPC endpoint inside the pod (host:port, loopback), for the gRPC front.
+    grpc_url: str = "127.0.0.1:8001"
     #: Upper bound (s) on one metadata/repository call; probes have their own, shorter bound.
     timeout_s: float = 5.0
     #: Triton's metrics endpoint, re-exported on /metrics when `metrics.include_triton` is on.
@@ -42,6 +44,8 @@ class TritonSection:
 class ListenSection:
     host: str = "0.0.0.0"  # noqa: S104 - the pod's one exposed port
     port: int = 8080
+    #: The KServe v2 gRPC service (and grpc.health.v1) for clients; 0 = no gRPC front.
+    grpc_port: int = 8081
     #: Answer POST .../infer on the httptools path (sidecar/http_listener.py), a fraction of aiohttp's
     #: CPU per request; off = every request through aiohttp (same answers; kept as an escape hatch).
     fast_infer: bool = True
@@ -222,13 +226,14 @@ CONFIG_SCHEMA: dict[str, Any] = {
     "properties": {
         "triton": _section(
             url={"type": "string", "pattern": r"^https?://[^/\s]+/?$"},
+            grpc_url={"type": "string", "pattern": r"^[^/\s:]+:[0-9]{1,5}$"},
             timeout_s=_POSITIVE,
             metrics_url={"type": "string", "pattern": r"^https?://\S+$"},
             repository_header={"type": "string", "pattern": r"^[A-Za-z0-9-]*$"},
             repository_token=_STR,
         ),
         "listen": _section(host={"type": "string", "minLength": 1}, port=_int(1, 65535),
-                           fast_infer={"type": "boolean"}),
+                           grpc_port=_int(0, 65535), fast_infer={"type": "boolean"}),
         "golden_dir": {"type": "string", "minLength": 1},
         "models": {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True},
         "probes": _section(

@@ -8,7 +8,8 @@ A golden file is `<golden_dir>/<model>/<case>.json` (or .yaml):
                 "outputs": {"scores": {"datatype": "FP32", "shape": [1, 1], "data": [0.731],
                                        "atol": 1e-5, "rtol": 1e-4}}}}
 
-or, for an abnormal input the model must reject, `"expect": {"status": 400, "error_contains": "..."}`.
+or, for an abnormal input the model must reject, `"expect": {"status": 400, "error_contains": "..."}`
+(501 for a decoupled model, which Triton serves on gRPC streams only).
 This module does not talk to Triton; `compare_outputs` judges an answer already received.
 """
 
@@ -112,7 +113,7 @@ GOLDEN_SCHEMA: dict[str, Any] = {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "status": {"type": "integer", "minimum": 200, "maximum": 499},
+                "status": {"type": "integer", "minimum": 200, "maximum": 501},
                 "error_contains": {"type": "string"},
                 "outputs": {
                     "type": "object",
@@ -252,8 +253,9 @@ def load_golden_file(path: Path, *, model: str) -> GoldenCase:
         raise GoldenFileError(f"{path}: at $.expect: a status-200 case needs 'outputs' to compare")
     if status != 200 and outputs:
         raise GoldenFileError(f"{path}: at $.expect.outputs: an error case ({status}) expects no outputs")
-    if status != 200 and not 400 <= status <= 499:
-        raise GoldenFileError(f"{path}: at $.expect.status: expect 200 or a 4xx, got {status}")
+    # 501: what Triton answers over HTTP /infer for a decoupled model (served only on streams).
+    if status != 200 and not (400 <= status <= 499 or status == 501):
+        raise GoldenFileError(f"{path}: at $.expect.status: expect 200, a 4xx or 501, got {status}")
     return GoldenCase(
         model=model,
         name=path.stem,

@@ -321,6 +321,15 @@ def validate_infer_request(spec: ModelSpec, body: bytes, header_length: int | No
     return _check_document(spec, doc, json_part, binary)
 
 
+def validate_decoded_request(spec: ModelSpec, doc: Mapping[str, Any], binary: bytes | memoryview) -> CheckedRequest:
+    """Check a request decoded from another wire (gRPC) with the very rules and messages of HTTP.
+
+    `doc` has the v2 JSON shape (id, parameters, inputs, outputs); each input carries either `data`
+    (typed values, as JSON would) or a `binary_data_size` parameter for its bytes in `binary`, in order.
+    """
+    return _check_document(spec, doc, memoryview(b""), memoryview(binary))
+
+
 def _check_document(spec: ModelSpec, doc: Any, json_part: memoryview, binary: memoryview) -> CheckedRequest:
     if not isinstance(doc, dict):
         raise spec.refuse(SCHEMA, "the request must be a JSON object with 'inputs'")

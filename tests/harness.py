@@ -149,8 +149,10 @@ def sidecar_config(server: LocalTriton, /, *, models: list[str], golden_dir: Pat
     healing = replace(base.healing, **{**FAST_HEALING, **sections.pop("healing", {})})
     config = replace(
         base,
-        triton=replace(base.triton, url=server.url, metrics_url=server.metrics_url),
-        listen=replace(base.listen, host="127.0.0.1", port=0),
+        triton=replace(base.triton, url=server.url, metrics_url=server.metrics_url,
+                       grpc_url=f"127.0.0.1:{server.ports.grpc}"),
+        # No gRPC front unless a test asks for one (with a free port): tests run many sidecars.
+        listen=replace(base.listen, host="127.0.0.1", port=0, grpc_port=0),
         models=tuple(models),
         golden_dir=golden_dir,
         probes=probes,

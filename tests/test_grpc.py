@@ -1,0 +1,285 @@
+"""The gRPC front in front of the real shared Triton, driven with tritonclient.grpc and grpc.aio:
+answers equal Triton's own, filtered outputs never leave, the control API is closed, bad tensors
+never reach Triton, streams pass each response as it comes, and the health service answers."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcclient_aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.utils import InferenceServerException
+
+from sidecar.config import FilterRule
+from sidecar.grpc_front import CONTROL, SERVICE
+from sidecar.states import ModelState
+from sidecar.tritonserver import free_port
+from tests.harness import REPO, triton_post, wait_for
+from tests.proxy_support import CREDIT_RULE, features, proxy_config, started_and_healthy, triton_successes
+
+DECOUPLED = "decoupled_counter"
+DECOUPLED_RULE = FilterRule(model=DECOUPLED, drop_outputs=("SECRET",))
+
+
+def grpc_config(triton, **kwargs):  # type: ignore[no-untyped-def]
+    config = proxy_config(triton, **kwargs)
+    return replace(config, listen=replace(config.listen, grpc_port=free_port()))
+
+
+@pytest.fixture
+async def grpc_sidecar(triton, start):  # type: ignore[no-untyped-def]
+    config = grpc_config(triton)
+    sidecar = await started_and_healthy(start, config)
+    sidecar.grpc = f"127.0.0.1:{config.listen.grpc_port}"
+    return sidecar
+
+
+def _infer_inputs(x: np.ndarray) -> list[grpcclient.InferInput]:
+    tensor = grpcclient.InferInput("features", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return [tensor]
+
+
+async def _raw_call(target: str, method: str, payload: bytes, metadata=()):  # type: ignore[no-untyped-def]
+    """One unary RPC with raw bytes: (status code, details, trailing metadata, answer). Async: the
+    sidecar under test runs on this very event loop."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = channel.unary_unary(f"/{SERVICE}/{method}")(payload, timeout=10, metadata=metadata)
+        try:
+            answer = await call
+            return grpc.StatusCode.OK, "", dict(await call.trailing_metadata() or ()), answer
+        except grpc.aio.AioRpcError as e:
+            return e.code(), e.details(), dict(e.trailing_metadata() or ()), b""
+
+
+def _infer_request(model: str, inputs: list[pb.ModelInferRequest.InferInputTensor], raw: list[bytes] = (),
+                   outputs: list[str] = ()) -> bytes:  # type: ignore[assignment]
+    request = pb.ModelInferRequest(model_name=model, inputs=inputs, raw_input_contents=list(raw),
+                                   outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name=o) for o in outputs])
+    return request.SerializeToString()
+
+
+def _tensor(name: str, datatype: str, shape: list[int], **contents) -> pb.ModelInferRequest.InferInputTensor:  # type: ignore[no-untyped-def]
+    return pb.ModelInferRequest.InferInputTensor(name=name, datatype=datatype, shape=shape,
+                                                 contents=pb.InferTensorContents(**contents))
+
+
+async def test_proxied_answers_equal_direct_and_filtered_outputs_never_leave(triton, grpc_sidecar):
+    direct = grpcclient.InferenceServerClient(f"127.0.0.1:{triton.ports.grpc}")
+    proxied = grpcclient_aio.InferenceServerClient(grpc_sidecar.grpc)
+    x = features(rows=3, seed=11)
+    want = direct.infer("credit_risk", _infer_inputs(x))
+    got = await proxied.infer("credit_risk", _infer_inputs(x))
+    assert np.array_equal(got.as_numpy("scores"), want.as_numpy("scores"))
+    assert want.as_numpy("income_prob") is not None and got.as_numpy("income_prob") is None
+    assert [o.name for o in got.get_response().outputs] == ["scores"]
+    # A model without rules: Triton's answer, value for value.
+    image = np.random.default_rng(3).uniform(0, 1, (2, 3, 32, 32)).astype(np.float32)
+    tensor = grpcclient.InferInput("image", list(image.shape), "FP32")
+    tensor.set_data_from_numpy(image)
+    assert np.array_equal((await proxied.infer("image_classifier", [tensor])).as_numpy("class_scores"),
+                          direct.infer("image_classifier", [tensor]).as_numpy("class_scores"))
+    # Asking for a filtered output by name is refused; metadata and config never show it.
+    with pytest.raises(InferenceServerException) as refused:
+        await proxied.infer("credit_risk", _infer_inputs(x), outputs=[grpcclient.InferRequestedOutput("income_prob")])
+    assert refused.value.status() == "StatusCode.PERMISSION_DENIED"
+    metadata = await proxied.get_model_metadata("credit_risk", as_json=True)
+    assert [o["name"] for o in metadata["outputs"]] == ["scores"]
+    config = await proxied.get_model_config("credit_risk", as_json=True)
+    assert [o["name"] for o in config["config"]["output"]] == ["scores"]
+    assert "income_prob" in [o["name"] for o in direct.get_model_metadata("credit_risk", as_json=True)["outputs"]]
+    assert await proxied.is_server_live() and await proxied.is_server_ready()
+    assert await proxied.is_model_ready("credit_risk")
+    extensions = (await proxied.get_server_metadata(as_json=True))["extensions"]
+    assert "model_repository" not in extensions and "system_shared_memory" not in extensions
+    with pytest.raises(InferenceServerException) as unknown:
+        await proxied.infer("no_such_model", _infer_inputs(x))
+    assert unknown.value.status() == "StatusCode.NOT_FOUND"
+    await proxied.close()
+    assert grpc_sidecar.metric("triton_sidecar_proxy_requests_total", protocol="grpc", model="credit_risk",
+                               code="OK") >= 1
+    assert grpc_sidecar.metric("triton_sidecar_outputs_filtered_total", model="credit_risk", output="income_prob") >= 1
+
+
+async def test_every_control_rpc_is_denied_and_the_model_stays_loaded(triton, grpc_sidecar):
+    for method in CONTROL:
+        code, details, trailing, _ = await _raw_call(grpc_sidecar.grpc, method, b"")
+        assert code is grpc.StatusCode.PERMISSION_DENIED, (method, code, details)
+        assert trailing["x-sidecar-reason"] == "forbidden_endpoint"
+    async with grpcclient_aio.InferenceServerClient(grpc_sidecar.grpc) as proxied:
+        with pytest.raises(InferenceServerException) as refused:
+            await proxied.unload_model("credit_risk")
+        assert refused.value.status() == "StatusCode.PERMISSION_DENIED"
+        with pytest.raises(InferenceServerException):
+            await proxied.get_model_repository_index()
+        with pytest.raises(InferenceServerException):
+            await proxied.get_inference_statistics("credit_risk")  # proxy.allow_statistics is off
+    assert grpcclient.InferenceServerClient(f"127.0.0.1:{triton.ports.grpc}").is_model_ready("credit_risk")
+
+
+BAD_REQUESTS = [
+    ("unknown input", [_tensor("nope", "FP32", [1, 128], fp32_contents=[0.5] * 128)], [], "INVALID_ARGUMENT",
+     "unknown_input"),
+    ("wrong datatype", [_tensor("features", "FP64", [1, 128], fp64_contents=[0.5] * 128)], [], "INVALID_ARGUMENT",
+     "datatype"),
+    ("wrong shape", [_tensor("features", "FP32", [1, 64], fp32_contents=[0.5] * 64)], [], "INVALID_ARGUMENT", "shape"),
+    ("typed count short", [_tensor("features", "FP32", [1, 128], fp32_contents=[0.5] * 100)], [], "INVALID_ARGUMENT",
+     "shape"),
+    ("typed NaN", [_tensor("features", "FP32", [1, 128], fp32_contents=[float("nan")] * 128)], [],
+     "INVALID_ARGUMENT", "non_finite"),
+    ("raw size", [pb.ModelInferRequest.InferInputTensor(name="features", datatype="FP32", shape=[1, 128])],
+     [b"\0" * 100], "INVALID_ARGUMENT", "shape"),
+    ("raw NaN", [pb.ModelInferRequest.InferInputTensor(name="features", datatype="FP32", shape=[1, 128])],
+     [np.full(128, np.inf, dtype="<f4").tobytes()], "INVALID_ARGUMENT", "non_finite"),
+    ("batch too large", [pb.ModelInferRequest.InferInputTensor(name="features", datatype="FP32", shape=[65, 128])],
+     [np.zeros((65, 128), dtype="<f4").tobytes()], "INVALID_ARGUMENT", "shape"),
+]
+
+
+@pytest.mark.parametrize(("case", "inputs", "raw", "code", "reason"), BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS])
+async def test_bad_tensors_are_refused_with_the_http_reason_and_never_reach_triton(
+        triton, grpc_sidecar, case, inputs, raw, code, reason):
+    before = triton_successes(triton, "credit_risk")
+    request = _infer_request("credit_risk", inputs, raw)
+    got, details, trailing, _ = await _raw_call(grpc_sidecar.grpc, "ModelInfer", request)
+    assert (got.name, trailing.get("x-sidecar-reason")) == (code, reason), details
+    assert "input" in details or "features" in details or "nope" in details
+    assert triton_successes(triton, "credit_risk") == before, "a refused request reached Triton"
+
+
+async def test_shared_memory_and_garbage_are_refused(triton, grpc_sidecar):
+    shm = pb.ModelInferRequest.InferInputTensor(name="features", datatype="FP32", shape=[1, 128])
+    shm.parameters["shared_memory_region"].string_param = "region0"
+    code, _, trailing, _ = await _raw_call(grpc_sidecar.grpc, "ModelInfer", _infer_request("credit_risk", [shm]))
+    assert (code, trailing["x-sidecar-reason"]) == (grpc.StatusCode.PERMISSION_DENIED, "shared_memory")
+    code, _, trailing, _ = await _raw_call(grpc_sidecar.grpc, "ModelInfer", b"\xff\xff not protobuf")
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and trailing["x-sidecar-reason"] == "malformed"
+
+
+async def test_the_health_service_answers_for_the_pod_and_each_model(grpc_sidecar):
+    async with grpc.aio.insecure_channel(grpc_sidecar.grpc) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "credit_risk", "image_classifier"):
+            answer = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING, service
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await health.Check(health_pb2.HealthCheckRequest(service="no_such_model"), timeout=5)
+        assert unknown.value.code() is grpc.StatusCode.NOT_FOUND
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=""))
+        first = await asyncio.wait_for(watch.read(), 5)
+        watch.cancel()
+        assert first.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.fixture(scope="module")
+def decoupled(triton):  # type: ignore[no-untyped-def]
+    """The decoupled test model loaded into the shared Triton for this module, with a golden case
+    (HTTP /infer refuses decoupled models: the probe expects exactly that refusal)."""
+    shutil.copytree(REPO / "tests" / "models" / DECOUPLED, triton.model_repository / DECOUPLED, dirs_exist_ok=True)
+    status, body = triton_post(triton, f"/v2/repository/models/{DECOUPLED}/load")
+    assert status == 200, body
+    yield DECOUPLED
+    triton_post(triton, f"/v2/repository/models/{DECOUPLED}/unload")
+
+
+@pytest.fixture
+def decoupled_golden(tmp_path: Path) -> Path:
+    root = tmp_path / "golden"
+    (root / DECOUPLED).mkdir(parents=True)
+    (root / DECOUPLED / "refused_over_http.json").write_text(
+        '{"request": {"inputs": [{"name": "COUNT", "shape": [1], "datatype": "INT32", "data": [1]}]},'
+        ' "expect": {"status": 501, "error_contains": "decoupled"}}')
+    return root
+
+
+async def _stream(target: str, count: int) -> list[tuple[float, object, object]]:
+    """Send one request to the decoupled model on a stream; (arrival time, result, error) per response."""
+    client = grpcclient_aio.InferenceServerClient(target)
+    tensor = grpcclient_aio.InferInput("COUNT", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([count], dtype=np.int32))
+
+    async def requests():  # type: ignore[no-untyped-def]
+        yield {"model_name": DECOUPLED, "inputs": [tensor]}
+
+    expected = count - 100 if count > 100 else count
+    got = []
+    try:
+        async for result, error in client.stream_infer(requests()):
+            got.append((time.monotonic(), result, error))
+            if len(got) == expected:
+                break
+    finally:
+        await client.close()
+    return got
+
+
+async def test_a_stream_passes_each_response_as_it_comes_and_screens_it(triton, decoupled, decoupled_golden, start):
+    config = grpc_config(triton, models=[DECOUPLED], golden_dir=decoupled_golden, rules=(CREDIT_RULE, DECOUPLED_RULE))
+    sidecar = await started_and_healthy(start, config)
+    target = f"127.0.0.1:{config.listen.grpc_port}"
+    direct = await _stream(f"127.0.0.1:{triton.ports.grpc}", 6)
+    proxied = await _stream(target, 6)
+    assert [r.as_numpy("VALUE").tolist() for _, r, _ in proxied] == [r.as_numpy("VALUE").tolist() for _, r, _ in direct]
+    assert [r.as_numpy("VALUE")[0] for _, r, _ in proxied] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+    assert all(r.as_numpy("SECRET") is None for _, r, _ in proxied)
+    assert all(r.as_numpy("SECRET") is not None for _, r, _ in direct)
+    # 50 ms between responses inside the model: the first reached the client long before the last.
+    assert proxied[-1][0] - proxied[0][0] >= 0.2
+    # NaN answers are withheld one by one, as in-stream errors the client can read.
+    withheld = await _stream(target, 103)
+    assert len(withheld) == 3 and all(r is None and "non_finite_output" in str(e) for _, r, e in withheld), withheld
+    # SECRET dropped from all nine responses, the withheld ones included (hidden before judged).
+    assert sidecar.metric("triton_sidecar_outputs_filtered_total", model=DECOUPLED, output="SECRET") == 9
+
+
+async def test_concurrent_grpc_clients_during_a_real_nan_heal_never_receive_nan(triton, fresh_model, start):
+    model = fresh_model.name
+    config = grpc_config(triton, models=[model], golden_dir=fresh_model.golden_dir,
+                         rules=(FilterRule(model=model, drop_outputs=("income_prob",)),))
+    sidecar = await started_and_healthy(start, config)
+    x = features(rows=4, seed=5)
+    expected = grpcclient.InferenceServerClient(f"127.0.0.1:{triton.ports.grpc}").infer(
+        model, _infer_inputs(x)).as_numpy("scores")
+    answers: list[tuple[float, str, object]] = []
+    stop = asyncio.Event()
+
+    async def client() -> None:
+        async with grpcclient_aio.InferenceServerClient(f"127.0.0.1:{config.listen.grpc_port}") as c:
+            while not stop.is_set():
+                try:
+                    result = await c.infer(model, _infer_inputs(x))
+                    answers.append((time.monotonic(), "OK", result.as_numpy("scores")))
+                except InferenceServerException as e:
+                    answers.append((time.monotonic(), str(e.status()), e.message()))
+                    await asyncio.sleep(0.01)
+
+    clients = [asyncio.create_task(client()) for _ in range(4)]
+    try:
+        await wait_for(lambda: len(answers) >= 20, 10, what="traffic flowing")
+        fresh_model.inject("nan")
+        broken = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.UNHEALTHY), 20, what="UNHEALTHY")
+        healed = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.HEALTHY, after=broken.at),
+                                40, what="healed")
+        await wait_for(lambda: sum(1 for t, code, _ in answers if t > healed.at and code == "OK") >= 10, 10,
+                       what="correct answers after the heal")
+    finally:
+        stop.set()
+        await asyncio.gather(*clients)
+    codes = {code for _, code, _ in answers}
+    assert codes <= {"OK", "StatusCode.INTERNAL", "StatusCode.UNAVAILABLE"}, codes
+    assert "StatusCode.UNAVAILABLE" in codes, "no request met the quarantine"
+    for _, code, value in answers:
+        if code == "OK":
+            assert np.all(np.isfinite(value)) and np.allclose(value, expected, atol=1e-6)
+        elif code == "StatusCode.INTERNAL":
+            assert "NaN" in value or "Stub" in value or "Triton" in value, value
