@@ -39,3 +39,14 @@ def test_readme_opens_with_the_demo_and_test_commands_and_ci_runs_the_test_comma
     commands = [line for line in first_block if line.strip()]
     assert commands == ["make demo", "make test"]
     assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+def test_the_error_table_gives_each_reason_its_http_status_and_grpc_code():
+    from sidecar.refusals import Reason
+
+    rows = re.findall(r"^\| \(?(\d{3})\)? \| ([A-Z_]+) \| (`[a-z_]+`(?:, `[a-z_]+`)*) \|", README, flags=re.MULTILINE)
+    documented = {}
+    for status, code, reasons in rows:
+        for name in re.findall(r"`([a-z_]+)`", reasons):
+            documented[name] = (int(status), code)
+    assert documented == {r.value: (r.http_status, r.grpc_code) for r in Reason}

@@ -14,12 +14,15 @@ import grpc
 import grpc.aio
 import numpy as np
 import pytest
+import structlog
+import structlog.testing
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcclient_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
+from sidecar.appkeys import LIFECYCLE
 from sidecar.config import FilterRule
 from sidecar.grpc_front import CONTROL, SERVICE
 from sidecar.states import ModelState
@@ -283,3 +286,134 @@ async def test_concurrent_grpc_clients_during_a_real_nan_heal_never_receive_nan(
             assert np.all(np.isfinite(value)) and np.allclose(value, expected, atol=1e-6)
         elif code == "StatusCode.INTERNAL":
             assert "NaN" in value or "Stub" in value or "Triton" in value, value
+
+
+def _stream_call(channel: grpc.aio.Channel, metadata=()):  # type: ignore[no-untyped-def]
+    return channel.stream_stream(f"/{SERVICE}/ModelStreamInfer",
+                                 request_serializer=pb.ModelInferRequest.SerializeToString,
+                                 response_deserializer=pb.ModelStreamInferResponse.FromString)(metadata=metadata)
+
+
+def _credit_request(model: str, x: np.ndarray, request_id: str = "") -> pb.ModelInferRequest:
+    tensor = pb.ModelInferRequest.InferInputTensor(name="features", datatype="FP32", shape=list(x.shape))
+    return pb.ModelInferRequest(model_name=model, id=request_id, inputs=[tensor],
+                                raw_input_contents=[x.astype("<f4").tobytes()])
+
+
+async def test_a_quarantine_that_begins_mid_stream_ends_the_stream_unavailable(triton, fresh_model, start):
+    model = fresh_model.name
+    config = grpc_config(triton, models=[model], golden_dir=fresh_model.golden_dir)
+    sidecar = await started_and_healthy(start, config)
+    x = features(rows=2, seed=9)
+    values: list[np.ndarray] = []
+    in_stream_errors: list[str] = []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{config.listen.grpc_port}") as channel:
+        call = _stream_call(channel)
+        for i in range(3):
+            await call.write(_credit_request(model, x, f"before-{i}"))
+            answer = await asyncio.wait_for(call.read(), 10)
+            values.append(np.frombuffer(answer.infer_response.raw_output_contents[0], dtype="<f4"))
+        fresh_model.inject("nan")
+        deadline = time.monotonic() + 30
+        try:
+            while time.monotonic() < deadline:
+                await call.write(_credit_request(model, x))
+                answer = await asyncio.wait_for(call.read(), 10)
+                if answer.error_message:
+                    in_stream_errors.append(answer.error_message)
+                else:
+                    values.append(np.frombuffer(answer.infer_response.raw_output_contents[0], dtype="<f4"))
+                await asyncio.sleep(0.02)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            pass  # the stream ended: its status says why
+        code, trailing = await call.code(), dict(await call.trailing_metadata() or ())
+    assert code is grpc.StatusCode.UNAVAILABLE, (code, await call.details())
+    assert trailing["x-sidecar-reason"] == "quarantined" and "grpc-retry-pushback-ms" in trailing, trailing
+    assert all(np.isfinite(v).all() for v in values), "a NaN answer passed on the stream"
+    assert all("[non_finite_output]" in e for e in in_stream_errors), in_stream_errors
+    assert sidecar.state(model) in (ModelState.UNHEALTHY, ModelState.HEALING, ModelState.HEALTHY)
+
+
+async def test_a_client_that_cancels_a_stream_cancels_triton_s_side(triton, decoupled, decoupled_golden, start):
+    config = grpc_config(triton, models=[DECOUPLED], golden_dir=decoupled_golden)
+    sidecar = await started_and_healthy(start, config)
+    tensor = pb.ModelInferRequest.InferInputTensor(name="COUNT", datatype="INT32", shape=[1],
+                                                   contents=pb.InferTensorContents(int_contents=[60]))
+    marks_before = triton.log_path.read_text().count("decoupled_counter: cancelled after")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{config.listen.grpc_port}") as channel:
+        call = _stream_call(channel)
+        await call.write(pb.ModelInferRequest(model_name=DECOUPLED, inputs=[tensor]))
+        for _ in range(3):
+            await asyncio.wait_for(call.read(), 10)
+        call.cancel()
+    # 60 responses 50 ms apart would take 3 s; the model sees the cancel at its next response.
+    await wait_for(lambda: triton.log_path.read_text().count("decoupled_counter: cancelled after") > marks_before,
+                   2.5, what="the model to see the cancel")
+    await wait_for(lambda: sidecar.app[LIFECYCLE].in_flight == 0, 2, what="the stream to be finished")
+
+
+async def test_the_client_deadline_reaches_triton_and_upstream_timeout_bounds_it(triton, fresh_model, start):
+    model = fresh_model.name
+    config = grpc_config(triton, models=[model], golden_dir=fresh_model.golden_dir,
+                         proxy={"upstream_timeout_s": 1.5})
+    await started_and_healthy(start, config)
+    fresh_model.inject("hang")
+    request = _credit_request(model, features(rows=1, seed=2)).SerializeToString()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{config.listen.grpc_port}") as channel:
+        infer = channel.unary_unary(f"/{SERVICE}/ModelInfer")
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as short:
+            await infer(request, timeout=0.4)
+        short_s = time.monotonic() - started
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as bounded:
+            await infer(request, timeout=30)
+        bounded_s = time.monotonic() - started
+    assert short.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED and short_s < 1.0, short_s
+    # No client waits on a hung model longer than upstream_timeout_s, whatever deadline it set.
+    assert bounded.value.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE), bounded.value
+    assert 1.4 <= bounded_s < 3.0, bounded_s
+    if bounded.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+        assert dict(bounded.value.trailing_metadata())["x-sidecar-reason"] == "triton_timeout"
+
+
+async def test_request_ids_are_forwarded_and_logged_and_oversized_messages_refused(triton, start):
+    config = grpc_config(triton, validation={"max_body_bytes": 64 * 1024}, logging={"access_log_sample_rate": 1.0})
+    await started_and_healthy(start, config)
+    target = f"127.0.0.1:{config.listen.grpc_port}"
+    request = _credit_request("credit_risk", features(rows=1, seed=4)).SerializeToString()
+    with structlog.testing.capture_logs() as logs:
+        code, _, trailing, answer = await _raw_call(target, "ModelInfer", request, metadata=(
+            ("x-request-id", "grpc-req-42"), ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            ("authorization", "Bearer never-forwarded")))
+    assert code is grpc.StatusCode.OK and trailing["x-request-id"] == "grpc-req-42"
+    assert pb.ModelInferResponse.FromString(answer).model_name == "credit_risk"
+    access = [e for e in logs if e.get("request_id") == "grpc-req-42"]
+    assert access and access[-1].get("trace_id") == "4bf92f3577b34da6a3ce929d0e0e4736", logs
+    assert not any("never-forwarded" in str(e) for e in logs)
+    big = _credit_request("credit_risk", features(rows=1, seed=4))
+    big.parameters["padding"].string_param = "x" * (80 * 1024)
+    code, details, _, _ = await _raw_call(target, "ModelInfer", big.SerializeToString())
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED, details
+
+
+async def test_triton_killed_answers_unavailable_and_ends_open_streams(own_triton, start):
+    config = grpc_config(own_triton)
+    sidecar = await started_and_healthy(start, config)
+    target = f"127.0.0.1:{config.listen.grpc_port}"
+    request = _credit_request("credit_risk", features(rows=1, seed=6))
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = _stream_call(channel)
+        await call.write(request)
+        assert not (await asyncio.wait_for(call.read(), 10)).error_message
+        own_triton.kill()
+        code, details, trailing, _ = await _raw_call(target, "ModelInfer", request.SerializeToString())
+        assert code is grpc.StatusCode.UNAVAILABLE, details
+        assert trailing["x-sidecar-reason"] in ("triton_unreachable", "quarantined", "model_unavailable"), trailing
+        try:
+            await call.write(request)
+            await asyncio.wait_for(call.read(), 10)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            pass
+        assert await asyncio.wait_for(call.code(), 10) is grpc.StatusCode.UNAVAILABLE
+    await wait_for(lambda: sidecar.app[LIFECYCLE].in_flight == 0, 2, what="nothing left in flight")

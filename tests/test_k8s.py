@@ -49,6 +49,7 @@ CUSTOM_GROUPS = ("monitoring.coreos.com",)
 SIDECAR = "sidecar"
 TRITON = "triton"
 SIDECAR_PORT = 8080
+SIDECAR_GRPC_PORT = 8081
 TRITON_PORTS = {8000, 8001, 8002}
 #: Which sidecar endpoint each kind of kubelet probe must ask.
 PROBE_PATHS = {"startupProbe": "/readyz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
@@ -265,14 +266,15 @@ def test_no_service_or_policy_exposes_a_triton_port(objects: tuple[dict[str, Any
         for port in service["spec"]["ports"]:
             target_port = port.get("targetPort", port["port"])
             resolved = sidecar_named.get(target_port, target_port) if isinstance(target_port, str) else target_port
-            assert port["port"] not in TRITON_PORTS and int(resolved) == SIDECAR_PORT, (
-                f"Service {service['metadata']['name']} exposes {port}: only the sidecar's {SIDECAR_PORT}"
+            assert port["port"] not in TRITON_PORTS and int(resolved) in (SIDECAR_PORT, SIDECAR_GRPC_PORT), (
+                f"Service {service['metadata']['name']} exposes {port}: only the sidecar's {SIDECAR_PORT} and "
+                f"{SIDECAR_GRPC_PORT}"
             )
     for policy in of_kind(objects, "NetworkPolicy"):
         assert "Ingress" in policy["spec"]["policyTypes"]
         for rule in policy["spec"]["ingress"]:
             ports = {sidecar_named.get(p["port"], p["port"]) for p in rule["ports"]}
-            assert ports == {SIDECAR_PORT}, f"NetworkPolicy {policy['metadata']['name']} admits {ports}"
+            assert ports == {SIDECAR_PORT, SIDECAR_GRPC_PORT}, f"NetworkPolicy {policy['metadata']['name']} admits {ports}"
 
 
 def test_triton_listens_on_loopback_and_guards_its_repository_api(objects: tuple[dict[str, Any], ...]) -> None:
@@ -285,6 +287,13 @@ def test_triton_listens_on_loopback_and_guards_its_repository_api(objects: tuple
     # The sidecar talks to exactly the ports Triton listens on.
     assert settings["triton"]["url"] == f"http://127.0.0.1:{one_flag(flags, '--http-port')}"
     assert settings["triton"]["metrics_url"] == f"http://127.0.0.1:{one_flag(flags, '--metrics-port')}/metrics"
+    assert settings["triton"]["grpc_url"] == f"127.0.0.1:{one_flag(flags, '--grpc-port')}"
+    # The sidecar's gRPC front listens where the pod declares it, and the Service routes to it.
+    sidecar_named = {p["name"]: p["containerPort"] for p in container(spec, SIDECAR)["ports"]}
+    assert (settings["listen"]["port"], settings["listen"]["grpc_port"]) == (sidecar_named["http"],
+                                                                           sidecar_named["grpc"])
+    service_ports = {p["name"]: p["targetPort"] for s in of_kind(objects, "Service") for p in s["spec"]["ports"]}
+    assert service_ports == {"http": "http", "grpc": "grpc"}
 
     header = settings["triton"]["repository_header"]
     assert header, "sidecar.yaml must name the repository header Triton demands"

@@ -17,6 +17,10 @@ class TritonPythonModel:
             for i in range(count - 100 if nan else count):
                 if i:
                     time.sleep(DELAY_S)
+                if sender.is_cancelled():
+                    # What the stream tests read in Triton's log: the client's cancel reached the model.
+                    pb_utils.Logger.log_info(f"decoupled_counter: cancelled after {i} responses")
+                    break
                 value = np.array([np.nan if nan else i / 2], dtype=np.float32)
                 sender.send(pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("VALUE", value), pb_utils.Tensor("SECRET", np.array([42.0], dtype=np.float32))]))
