@@ -274,7 +274,8 @@ def test_no_service_or_policy_exposes_a_triton_port(objects: tuple[dict[str, Any
         assert "Ingress" in policy["spec"]["policyTypes"]
         for rule in policy["spec"]["ingress"]:
             ports = {sidecar_named.get(p["port"], p["port"]) for p in rule["ports"]}
-            assert ports == {SIDECAR_PORT, SIDECAR_GRPC_PORT}, f"NetworkPolicy {policy['metadata']['name']} admits {ports}"
+            name = policy["metadata"]["name"]
+            assert ports == {SIDECAR_PORT, SIDECAR_GRPC_PORT}, f"NetworkPolicy {name} admits {ports}"
 
 
 def test_triton_listens_on_loopback_and_guards_its_repository_api(objects: tuple[dict[str, Any], ...]) -> None:

@@ -127,7 +127,7 @@ async def test_an_untrusted_model_is_refused_before_anything_is_sent(state_chang
 
 
 async def test_unguarded_models_and_bad_versions_are_refused_by_name() -> None:
-    core, states, _, _ = build_core()
+    core, _, _, _ = build_core()
     with pytest.raises(Refusal) as unknown:
         core.resolve(RequestContext(HTTP, "r1", ""), "other")
     assert unknown.value.reason is Reason.UNKNOWN_MODEL and "'other'" in unknown.value.message
