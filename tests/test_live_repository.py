@@ -133,37 +133,57 @@ def _last_round(sidecar, model: str = "credit_risk"):  # type: ignore[no-untyped
     return _record(sidecar, model).last_round
 
 
-async def test_a_configmap_symlink_swap_is_picked_up(triton, start, tmp_path):
-    """The layout kubelet writes for a ConfigMap volume: timestamped folders, `..data` pointing at
-    the current one, and one symlink per model folder through `..data`."""
-    golden = tmp_path / "configmap"
-    first = golden / "..2026_12_03_01"
-    shutil.copytree(GOLDEN / "credit_risk", first / "credit_risk")
-    (golden / "..data").symlink_to(first.name)
-    (golden / "credit_risk").symlink_to("..data/credit_risk")
-    sidecar = await start(sidecar_config(triton, models=[], golden_dir=golden))
-    await wait_for(lambda: "credit_risk" in sidecar.app[STATES]
-                   and sidecar.state("credit_risk") is ModelState.HEALTHY, 20, what="credit_risk HEALTHY")
-    assert set(sidecar.app[LIVE].golden.cases) == {"credit_risk"}, "..data and ..<time> are not models"
-    assert len(sidecar.app[LIVE].golden.cases_for("credit_risk")) == 3
+async def test_a_configmap_update_by_symlink_swap_is_picked_up(triton, start, tmp_path):
+    """The layout kubelet writes for a ConfigMap volume mounted at <golden_dir>/<model> (as
+    k8s/base does): a timestamped folder with the files, `..data` pointing at it, and one symlink
+    per key through `..data`. An update is kubelet's atomic writer, step by step."""
+    golden = tmp_path / "golden"
+    mount = golden / "credit_risk"
+    first = mount / "..2026_12_03_01"
+    shutil.copytree(GOLDEN / "credit_risk", first)
+    (mount / "..data").symlink_to(first.name)
+    for case in sorted(p.name for p in first.iterdir()):
+        (mount / case).symlink_to(f"..data/{case}")
+    # Healing off: the last step makes a case fail, and the shared Triton's credit_risk must not be
+    # reloaded for it.
+    sidecar = await start(sidecar_config(triton, models=["credit_risk"], golden_dir=golden,
+                                         healing={"enabled": False}))
+    await wait_for(lambda: sidecar.state("credit_risk") is ModelState.HEALTHY, 20, what="credit_risk HEALTHY")
+    assert {c.name for c in sidecar.app[LIVE].golden.cases_for("credit_risk")} == {
+        "normal", "boundary", "abnormal_shape"}, "..data and ..<time> are not cases"
 
-    # The update: a new timestamped folder with one case replaced by a new one, then `..data`
-    # swapped atomically (a rename over the old link), as kubelet does.
-    second = golden / "..2026_12_03_02"
-    (second / "credit_risk").mkdir(parents=True)
-    shutil.copy(GOLDEN / "credit_risk" / "normal.json", second / "credit_risk" / "normal.json")
-    shutil.copy(GOLDEN / "credit_risk" / "boundary.json", second / "credit_risk" / "renamed_boundary.json")
-    (golden / "..data_tmp").symlink_to(second.name)
-    os.replace(golden / "..data_tmp", golden / "..data")
+    # The update drops abnormal_shape and adds renamed_boundary: kubelet writes the new folder,
+    # adds the new key's link (dangling until the swap), renames a fresh link over `..data`, then
+    # removes the old key's link and the old folder.
+    second = mount / "..2026_12_03_02"
+    second.mkdir()
+    shutil.copy(GOLDEN / "credit_risk" / "normal.json", second / "normal.json")
+    shutil.copy(GOLDEN / "credit_risk" / "boundary.json", second / "boundary.json")
+    shutil.copy(GOLDEN / "credit_risk" / "boundary.json", second / "renamed_boundary.json")
+    (mount / "renamed_boundary.json").symlink_to("..data/renamed_boundary.json")
+    (mount / "..data_tmp").symlink_to(second.name)
+    os.replace(mount / "..data_tmp", mount / "..data")
+    (mount / "abnormal_shape.json").unlink()
     shutil.rmtree(first)
 
     await wait_for(lambda: {c.name for c in sidecar.app[LIVE].golden.cases_for("credit_risk")}
-                   == {"normal", "renamed_boundary"}, PICKUP_BOUND_S, what="the swapped-in cases")
-    assert set(sidecar.app[LIVE].golden.cases) == {"credit_risk"}
+                   == {"normal", "boundary", "renamed_boundary"}, PICKUP_BOUND_S, what="the swapped-in cases")
     await wait_for(lambda: "renamed_boundary" in {r.case for r in _last_round(sidecar).results}, 10,
                    what="the new case probed")
     assert sidecar.state("credit_risk") is ModelState.HEALTHY
     assert sidecar.metric("triton_sidecar_reload_failures_total", what="golden") == 0
+
+    # A swap to content that changed in place under the same names is seen too (new targets).
+    third = mount / "..2026_12_03_03"
+    third.mkdir()
+    for name in ("boundary.json", "renamed_boundary.json"):
+        shutil.copy(GOLDEN / "credit_risk" / "boundary.json", third / name)
+    _write_json(third / "normal.json", _wrong_expectation())
+    (mount / "..data_tmp").symlink_to(third.name)
+    os.replace(mount / "..data_tmp", mount / "..data")
+    await wait_for(lambda: sidecar.state("credit_risk") is not ModelState.HEALTHY, PICKUP_BOUND_S,
+                   what="the changed case failing")
+    assert "expected 0.9" in sidecar.app[STATES].get("credit_risk").cause
 
 
 def _sighup(process: SidecarProcess) -> None:
