@@ -2,8 +2,9 @@
 
 Kubernetes updates a ConfigMap volume in place by an atomic swap of its `..data` symlink; an
 operator may also edit files or send SIGHUP. Every `RELOAD_POLL_S` (and at once on SIGHUP) the
-golden directory and the config file are compared with what was last read: each file's resolved
-target, inode, mtime and size, so a symlink swap is seen even when the files' own times are old.
+golden directory and the config file are compared with what was last read: the device, inode, mtime
+and size of the file each name resolves to (stat follows symlinks), so a symlink swap is seen as a
+different file even when the new file's times are old.
 
 What changed is loaded with the very loaders start-up uses (`load_model_dir`, `load_config`). A
 model folder with a broken file is refused whole: an error log event and
@@ -40,16 +41,18 @@ RELOAD_POLL_S = 1.0
 #: needing a restart and the running value is kept.
 RESTART_ONLY = frozenset({"triton", "listen", "golden_dir", "proxy", "logging"})
 
-#: One file as last seen: name, resolved target, inode, mtime (ns), size.
-FileKey = tuple[str, str, int, int, int]
+#: One file as last seen: name, and the device, inode, mtime (ns) and size of what it resolves to.
+#: One stat() per file and pass (a realpath() would cost several more and tell nothing new: the
+#: file behind a swapped symlink is another inode).
+FileKey = tuple[str, int, int, int, int]
 
 
 def _file_key(path: Path) -> FileKey:
     try:
-        st = path.stat()
-        return (path.name, os.path.realpath(path), st.st_ino, st.st_mtime_ns, st.st_size)
+        st = os.stat(path)
+        return (path.name, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
     except OSError:
-        return (path.name, "", 0, 0, -1)  # gone mid-swap: differs from any real file, so read again
+        return (path.name, 0, 0, 0, -1)  # gone mid-swap: differs from any real file, so read again
 
 
 @dataclass(frozen=True)

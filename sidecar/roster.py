@@ -74,7 +74,11 @@ class Roster:
         """Sync at once, then every probe interval (every DISCOVERY_RETRY_S while Triton is silent)."""
         while True:
             config = self._config()
-            synced = await self.sync(config)
+            try:
+                synced = await self.sync(config)
+            except Exception as e:  # a bug here must not end the guarding of the models already guarded
+                log.error("model_discovery_failed", cause=repr(e))
+                synced = False
             wait = config.probes.interval_s if synced else DISCOVERY_RETRY_S
             try:
                 async with asyncio.timeout(wait):
@@ -96,7 +100,7 @@ class Roster:
                 if not self.discovered:
                     log.info("model_discovery_waiting", cause=str(e))
                 return False
-            ready = {entry["name"] for entry in index if entry.get("state") == "READY"}
+            ready = {entry["name"] for entry in index if entry.get("state") == "READY" and entry.get("name")}
             for model in sorted(set(self._tasks) - ready):
                 if self._unloaded_on_purpose(model):
                     await self.release(model, "no longer READY in Triton and has no golden files: "
