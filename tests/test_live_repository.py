@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 from bench.sidecar_process import SidecarProcess, sidecar_settings
 from sidecar.appkeys import LIVE, PROBER, ROSTER, STATES
 from sidecar.config import load_config
-from sidecar.reload import RELOAD_POLL_S
+from sidecar.reload import RELOAD_POLL_S, merge_reloadable
 from sidecar.states import ModelState
 from tests.harness import FAST_PROBES, GOLDEN, SLACK_S, FreshModel, sidecar_config, triton_post, wait_for
 
@@ -54,6 +54,17 @@ def _wrong_expectation() -> dict[str, Any]:
 async def _status_of(sidecar, model: str) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     _, body = await sidecar.get("/status")
     return body["models"][model]
+
+
+def test_a_reload_takes_the_reloadable_settings_and_keeps_and_names_the_start_up_ones():
+    current = load_config(None, environ={})
+    new = load_config(None, environ={"SIDECAR_LISTEN_PORT": "9090", "SIDECAR_PROBES_INTERVAL_S": "1",
+                                     "SIDECAR_PROXY_RETRY_AFTER_S": "9", "SIDECAR_MODELS": "a,b"})
+    merged, needs_restart = merge_reloadable(current, new)
+    assert needs_restart == ["listen.port", "proxy.retry_after_s"]
+    assert merged.listen == current.listen and merged.proxy == current.proxy
+    assert merged.probes.interval_s == 1 and merged.models == ("a", "b")
+    assert merge_reloadable(current, current) == (current, [])
 
 
 async def test_a_golden_file_changed_on_disk_is_picked_up_and_its_failing_case_quarantines_the_model(
