@@ -128,7 +128,8 @@ class Roster:
         cases = len(self._cases_for(model))
         if not cases:
             log.warning("model_without_golden_requests", model=model,
-                        cause="no golden files: only readiness and metadata are probed")
+                        cause=f"no files under {self._config().golden_dir / model}: only readiness and metadata "
+                              "are probed")
         if self.discovered:
             log.info("model_guarded", model=model, golden_cases=cases)
         task = asyncio.create_task(self._prober.run_model(model), name=f"probe:{model}")
