@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -22,8 +24,10 @@ from sidecar.appkeys import (
     GOLDEN,
     HEALER,
     LIFECYCLE,
+    LIVE,
     METRICS,
     PROBER,
+    ROSTER,
     SERVING,
     STATES,
     TRITON,
@@ -38,14 +42,13 @@ from sidecar.http_front import add_http_routes, document_fetcher
 from sidecar.lifecycle import Lifecycle
 from sidecar.metrics import SidecarMetrics
 from sidecar.probes import Prober, TritonWatch
+from sidecar.reload import GoldenStore, LiveConfig
+from sidecar.roster import Roster
 from sidecar.serving import ServingCore
 from sidecar.states import ModelStates, Transition
-from sidecar.triton import TritonClient, TritonError, TritonUnavailable
+from sidecar.triton import TritonClient
 
 log = structlog.get_logger("sidecar.app")
-
-#: How often (s) to retry model discovery while Triton is not answering yet (it loads models first).
-DISCOVERY_RETRY_S = 1.0
 #: Paths of the sidecar's own endpoints: not counted as traffic while draining.
 OWN_PATHS = frozenset({"/healthz", "/readyz", "/status", "/metrics"})
 
@@ -56,13 +59,19 @@ def create_app(
     triton: TritonClient | None = None,
     registry: CollectorRegistry | None = None,
     golden: Mapping[str, Sequence[GoldenCase]] | None = None,
+    config_path: Path | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> web.Application:
+    """`config_path` is the file `config` came from: watched and re-read on change and on SIGHUP
+    (None: nothing to re-read; the golden directory is watched all the same)."""
     app = web.Application(middlewares=[_count_in_flight])
     app[CONFIG] = config
     metrics = SidecarMetrics(registry or CollectorRegistry())
     app[METRICS] = metrics
-    app[GOLDEN] = dict(golden if golden is not None else load_golden_dir(config.golden_dir))
+    store = GoldenStore(config.golden_dir, golden if golden is not None else load_golden_dir(config.golden_dir),
+                        metrics=metrics)
+    app[LIVE] = LiveConfig(config, golden=store, metrics=metrics, path=config_path)
+    app[GOLDEN] = store.cases
     app[LIFECYCLE] = Lifecycle(clock)
     states = ModelStates(
         failure_threshold=config.probes.failure_threshold,
@@ -84,6 +93,9 @@ def create_app(
         config, states=states, metrics=metrics, fetch_document=document_fetcher(app),
         cases_for=app[PROBER].cases_for, note_triton_error=app[HEALER].note_triton_error,
         probe_soon=app[PROBER].probe_soon, mark_unreachable=app[WATCH].mark_unreachable)
+    app[ROSTER] = Roster(triton=triton, states=states, prober=app[PROBER], healer=app[HEALER], metrics=metrics,
+                         config=lambda: app[LIVE].config, cases_for=store.cases_for,
+                         forget=app[SERVING].forget_model)
     app.cleanup_ctx.append(_upstream_session)
     app.cleanup_ctx.append(_monitors)
     # Last in, first out: the gRPC server stops (and drains) before the monitors and sessions.
@@ -158,10 +170,14 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _monitors(app: web.Application) -> AsyncIterator[None]:
-    """The Triton watch and one probe loop per model: started with the app, cancelled at exit."""
+    """The Triton watch, the roster of guarded models (one probe loop each) and the reloader:
+    started with the app, cancelled at exit."""
     tasks: list[asyncio.Task[None]] = [
         asyncio.create_task(app[WATCH].run(), name="triton-watch"),
-        asyncio.create_task(_discover_and_probe(app), name="discover-models"),
+        asyncio.create_task(app[ROSTER].run(), name="discover-models"),
+        asyncio.create_task(app[LIVE].run(apply_config=lambda c: apply_config(app, c),
+                                          golden_changed=lambda models: golden_changed(app, models)),
+                            name="reload-files"),
     ]
     for task in tasks:
         task.add_done_callback(_log_crash)
@@ -170,6 +186,7 @@ async def _monitors(app: web.Application) -> AsyncIterator[None]:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    await app[ROSTER].close()
 
 
 def _log_crash(task: asyncio.Task[Any]) -> None:
@@ -177,39 +194,25 @@ def _log_crash(task: asyncio.Task[Any]) -> None:
         log.error("background_task_crashed", task=task.get_name(), cause=repr(task.exception()))
 
 
-async def _discover_and_probe(app: web.Application) -> None:
-    config = app[CONFIG]
-    models = list(config.models) or await _discover_models(app[TRITON])
-    golden = app[GOLDEN]
-    probe_tasks = []
+def apply_config(app: web.Application, config: SidecarConfig) -> None:
+    """Hand a reloaded config to every part that copied a section at start. The serving core goes
+    first: it compiles the request schema files and raises ConfigError before anything changed."""
+    app[SERVING].reconfigure(config)
+    app[STATES].reconfigure(failure_threshold=config.probes.failure_threshold,
+                            success_threshold=config.probes.success_threshold)
+    app[PROBER].reconfigure(config.probes)
+    app[WATCH].reconfigure(config.probes)
+    app[HEALER].reconfigure(config.healing)
+    app[ROSTER].sync_soon()  # `models` may have changed
+
+
+def golden_changed(app: web.Application, models: Sequence[str]) -> None:
+    """New cases count from the next round, which starts now: a case that fails on the running
+    model is found within seconds, not one interval later."""
     for model in models:
-        app[STATES].track(model)
-        app[METRICS].track_model(model)
-        if not golden.get(model):
-            log.warning("model_without_golden_requests", model=model,
-                        cause=f"no files under {config.golden_dir / model}: only readiness and metadata are probed")
-        task = asyncio.create_task(app[PROBER].run_model(model), name=f"probe:{model}")
-        task.add_done_callback(_log_crash)
-        probe_tasks.append(task)
-    log.info("monitoring_started", models=models, golden_cases=sum(len(golden.get(m, ())) for m in models))
-    try:
-        await asyncio.gather(*probe_tasks)
-    finally:
-        for task in probe_tasks:
-            task.cancel()
-        await asyncio.gather(*probe_tasks, return_exceptions=True)
-
-
-async def _discover_models(triton: TritonClient) -> list[str]:
-    """Every model Triton has loaded; waits (retrying) until Triton answers."""
-    while True:
-        try:
-            index = await triton.repository_index()
-        except (TritonUnavailable, TritonError) as e:
-            log.info("model_discovery_waiting", cause=str(e))
-            await asyncio.sleep(DISCOVERY_RETRY_S)
-            continue
-        return sorted({entry["name"] for entry in index if entry.get("state") == "READY"})
+        app[SERVING].forget_model(model)  # its output policy depends on the cases (NaN expected?)
+        app[PROBER].probe_soon(model)
+    app[ROSTER].golden_changed(models)
 
 
 # ---- verdicts -------------------------------------------------------------------------------
@@ -217,7 +220,7 @@ async def _discover_models(triton: TritonClient) -> list[str]:
 
 def liveness_problems(app: web.Application) -> list[str]:
     """Reasons a restart is needed; empty while the sidecar and Triton are fine or fixable."""
-    config = app[CONFIG]
+    config = app[LIVE].config
     watch = app[WATCH]
     problems = []
     down_for = watch.not_live_for()
@@ -246,6 +249,12 @@ def readiness_problems(app: web.Application) -> list[str]:
     for health in states:
         if not health.state.serves_traffic:
             problems.append(f"model {health.model} {health.state.value}: {health.cause}")
+    live = app[LIVE]
+    if live.config.probes.require_golden:
+        for model in states.names():
+            if not live.golden.cases_for(model):
+                problems.append(f"model {model} has no golden files under {live.golden.golden_dir / model} "
+                                "(probes.require_golden)")
     return problems
 
 
@@ -268,7 +277,7 @@ async def readyz(request: web.Request) -> web.Response:
 async def status(request: web.Request) -> web.Response:
     app = request.app
     clock_now = time.monotonic()
-    prober, healer, watch = app[PROBER], app[HEALER], app[WATCH]
+    prober, healer, watch, live = app[PROBER], app[HEALER], app[WATCH], app[LIVE]
     models = {}
     for health in app[STATES]:
         record = prober.records.get(health.model)
@@ -282,6 +291,9 @@ async def status(request: web.Request) -> web.Response:
             "in_state_for_s": round(clock_now - health.since, 1) if health.since else None,
             "consecutive_failures": health.consecutive_failures,
             "golden_cases": len(prober.cases_for(health.model)),
+            "without_golden": not prober.cases_for(health.model),
+            "golden_loaded_at": _iso(live.golden.loaded_at.get(health.model)),
+            "golden_refused": _refusal(live, health.model),
             "probe_rounds": record.rounds if record else 0,
             "probes": probes,
             "heal_attempts": healer.attempts.get(health.model, 0),
@@ -295,15 +307,26 @@ async def status(request: web.Request) -> web.Response:
         "draining": app[LIFECYCLE].draining,
         "triton": {"url": app[CONFIG].triton.url, "live": watch.live, "ready": watch.ready,
                    "detail": watch.detail, "not_live_for_s": round(watch.not_live_for(), 1)},
+        "config": {"source": str(live.path) if live.path else live.config.source,
+                   "loaded_at": _iso(live.loaded_at), "needs_restart": list(live.needs_restart)},
         "models": models,
     }
     return web.json_response(body)
 
 
+def _iso(wall: float | None) -> str | None:
+    return datetime.fromtimestamp(wall, UTC).isoformat(timespec="seconds") if wall is not None else None
+
+
+def _refusal(live: LiveConfig, model: str) -> dict[str, str | None] | None:
+    refusal = live.golden.refused.get(model)
+    return {"error": refusal.error, "at": _iso(refusal.at)} if refusal is not None else None
+
+
 async def metrics_endpoint(request: web.Request) -> web.Response:
     app = request.app
     body = generate_latest(app[METRICS].registry)
-    if app[CONFIG].metrics.include_triton:
+    if app[LIVE].config.metrics.include_triton:
         body += await _triton_metrics(app)
     response = web.Response(body=body)
     response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
@@ -313,7 +336,7 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 
 async def _triton_metrics(app: web.Application) -> bytes:
     """Triton's own nv_* metrics, so that one scrape target serves both and Triton stays private."""
-    config = app[CONFIG]
+    config = app[LIVE].config
     try:
         async with app[UPSTREAM].get(
             config.triton.metrics_url, timeout=aiohttp.ClientTimeout(total=config.metrics.triton_timeout_s)

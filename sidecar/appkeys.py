@@ -10,11 +10,19 @@ from sidecar.healer import Healer
 from sidecar.lifecycle import Lifecycle
 from sidecar.metrics import SidecarMetrics
 from sidecar.probes import Prober, TritonWatch
+from sidecar.reload import LiveConfig
+from sidecar.roster import Roster
 from sidecar.serving import ServingCore
 from sidecar.states import ModelStates
 from sidecar.triton import TritonClient
 
+#: The configuration the process started with: what only a restart changes (listen, triton, proxy,
+#: logging, golden_dir) is read here. Settings that reload are read from LIVE.
 CONFIG = web.AppKey("config", SidecarConfig)
+#: The configuration and golden cases in force now, swapped whole by a reload (sidecar.reload).
+LIVE = web.AppKey("live", LiveConfig)
+#: The guarded models and their probe loops (sidecar.roster).
+ROSTER = web.AppKey("roster", Roster)
 TRITON = web.AppKey("triton", TritonClient)
 METRICS = web.AppKey("metrics", SidecarMetrics)
 STATES = web.AppKey("states", ModelStates)
@@ -22,7 +30,7 @@ PROBER = web.AppKey("prober", Prober)
 HEALER = web.AppKey("healer", Healer)
 WATCH = web.AppKey("watch", TritonWatch)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
-#: Golden cases by model name, loaded and validated once at start-up.
+#: Golden cases by model name: the mapping a reload updates (LIVE.golden.cases), one tuple per model.
 GOLDEN = web.AppKey("golden", dict)
 #: One pooled HTTP session to Triton for proxied traffic and metrics scrapes.
 UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)

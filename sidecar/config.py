@@ -64,6 +64,9 @@ class ProbesSection:
     success_threshold: int = 1
     #: Each wait is interval_s * (1 ± jitter) so models are not probed in lockstep.
     jitter: float = 0.1
+    #: A guarded model without golden files is probed by readiness and metadata only; on, it also
+    #: keeps /readyz at 503 (off by default: a model discovered in Triton may have no files yet).
+    require_golden: bool = False
 
 
 @dataclass(frozen=True)
@@ -242,6 +245,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
             failure_threshold=_int(1),
             success_threshold=_int(1),
             jitter=_num(minimum=0, maximum=0.5),
+            require_golden=_BOOL,
         ),
         "healing": _section(
             enabled=_BOOL,

@@ -187,14 +187,31 @@ def load_golden_dir(golden_dir: Path, models: Iterable[str] | None = None) -> di
     """Every case under `golden_dir`, by model; `models` limits which model folders are read."""
     wanted = set(models) if models is not None else None
     cases: dict[str, tuple[GoldenCase, ...]] = {}
-    if not golden_dir.is_dir():
-        return cases
-    for model_dir in sorted(p for p in golden_dir.iterdir() if p.is_dir()):
+    for model_dir in golden_model_dirs(golden_dir):
         if wanted is not None and model_dir.name not in wanted:
             continue
-        files = sorted(p for p in model_dir.iterdir() if p.suffix in GOLDEN_SUFFIXES and p.is_file())
-        cases[model_dir.name] = tuple(load_golden_file(p, model=model_dir.name) for p in files)
+        cases[model_dir.name] = load_model_dir(model_dir)
     return cases
+
+
+def golden_model_dirs(golden_dir: Path) -> list[Path]:
+    """The model folders of a golden directory. Names starting with "." are skipped: a Kubernetes
+    ConfigMap volume holds `..data` and `..<timestamp>` folders next to the symlinks it exposes."""
+    if not golden_dir.is_dir():
+        return []
+    return sorted(p for p in golden_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def golden_files(model_dir: Path) -> list[Path]:
+    """One model's golden files, in the order they are probed."""
+    return sorted(p for p in model_dir.iterdir()
+                  if p.suffix in GOLDEN_SUFFIXES and not p.name.startswith(".") and p.is_file())
+
+
+def load_model_dir(model_dir: Path) -> tuple[GoldenCase, ...]:
+    """Every case of one model folder, or GoldenFileError for the first broken file: start-up and
+    reloads both load through here, so a file a reload accepts is one a restart would accept."""
+    return tuple(load_golden_file(p, model=model_dir.name) for p in golden_files(model_dir))
 
 
 _REQUEST_VALIDATOR = jsonschema.Draft202012Validator(GOLDEN_SCHEMA["properties"]["request"])

@@ -69,6 +69,22 @@ class Healer:
         recent = time.monotonic() - noted_at <= RECENT_ERROR_S
         return _stub_is_dead(broken_by) or (recent and _stub_is_dead(message))
 
+    def reconfigure(self, settings: HealingSection) -> None:
+        """Settings from a reloaded config, for the next attempt on. A running episode keeps its
+        concurrency slot; a new max_concurrent applies to the episodes that start after it."""
+        if settings.max_concurrent != self._settings.max_concurrent:
+            self._limit = asyncio.Semaphore(settings.max_concurrent)
+        self._settings = settings
+
+    async def forget(self, model: str) -> None:
+        """The model is no longer guarded: stop its heal, if one runs, and drop what is known of it."""
+        task = self._tasks.pop(model, None)
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._triton_errors.pop(model, None)
+        self._recent_heals.pop(model, None)
+
     def is_healing(self, model: str) -> bool:
         task = self._tasks.get(model)
         return task is not None and not task.done()

@@ -75,6 +75,15 @@ class SidecarMetrics:
         self.in_flight = Gauge(f"{PREFIX}_proxy_in_flight", "Proxied requests in progress, per model.",
                                ["model"], registry=registry)
 
+        # Reloads and discovery
+        self.reload_failures = Counter(f"{PREFIX}_reload_failures", "Reloads refused (what: golden, config); the "
+                                       "last good cases and settings stay in force.", ["what"], registry=registry)
+        for what in ("golden", "config"):
+            self.reload_failures.labels(what=what)
+        self.model_without_golden = Gauge(f"{PREFIX}_model_without_golden", "1 for a guarded model that has no "
+                                          "golden files (probed by readiness and metadata only).", ["model"],
+                                          registry=registry)
+
         # Triton
         self.triton_up = Gauge(f"{PREFIX}_triton_up", "1 when Triton answers /v2/health/live.", registry=registry)
         self.triton_ready = Gauge(f"{PREFIX}_triton_ready", "1 when Triton answers /v2/health/ready.",
@@ -88,6 +97,17 @@ class SidecarMetrics:
         for result in ("success", "failure"):
             self.heal_attempts.labels(model=model, result=result)
         self.escalations.labels(model=model)
+
+    def forget_model(self, model: str) -> None:
+        """Drop a model's gauges once it is no longer guarded, so it does not read as stuck in a state.
+        Counters stay: their history is still true."""
+        series = [(self.model_state, (model, state.value)) for state in ModelState]
+        series += [(self.consecutive_failures, (model,)), (self.model_without_golden, (model,))]
+        for gauge, labels in series:
+            try:
+                gauge.remove(*labels)
+            except KeyError:
+                pass
 
     def set_state(self, model: str, state: ModelState) -> None:
         for each in ModelState:

@@ -209,6 +209,10 @@ class Prober:
     def cases_for(self, model: str) -> Sequence[GoldenCase]:
         return self._cases.get(model, ())
 
+    def reconfigure(self, settings: ProbesSection) -> None:
+        """Settings from a reloaded config: used from each model's next wait and round on."""
+        self._settings = settings
+
     def probe_soon(self, model: str) -> None:
         """Run the model's next round now instead of after its interval (passive signals)."""
         event = self._wake.get(model)
@@ -294,6 +298,9 @@ class TritonWatch:
         #: clock() when Triton was last seen live; starts at creation, so the grace covers start-up.
         self.last_live_at = clock()
         self.detail = "not checked yet"
+
+    def reconfigure(self, settings: ProbesSection) -> None:
+        self._settings = settings
 
     def not_live_for(self) -> float:
         return 0.0 if self.live else self._clock() - self.last_live_at

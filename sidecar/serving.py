@@ -154,6 +154,18 @@ class ServingCore:
             policy = self._policies[model] = OutputPolicy(self.filter.for_model(model), not allows_non_finite)
         return policy
 
+    def reconfigure(self, config: SidecarConfig) -> None:
+        """Validation and filtering from a reloaded config. The request schema files are compiled
+        first: a broken one raises ConfigError and nothing changes. Triton's URL and the proxy's
+        settings are start-up only (the reload keeps them), so breakers and admission stay."""
+        output_filter = OutputFilter(config.filtering.rules)
+        rules = {model: load_request_rules(path) for model, path in config.validation.schemas.items()}
+        self.config = config
+        self.filter = output_filter
+        self.specs.reconfigure(limits=Limits.from_settings(config.validation), output_filter=output_filter,
+                               rules=rules)
+        self._policies.clear()
+
     def forget_model(self, model: str) -> None:
         """Drop what is cached about a model whose golden files or spec changed."""
         self._policies.pop(model, None)

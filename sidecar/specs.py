@@ -39,6 +39,12 @@ class SpecCache:
         if t.state_to is ModelState.HEALING or (t.state_to.serves_traffic and not t.state_from.serves_traffic):
             self.forget(t.model)
 
+    def reconfigure(self, *, limits: Limits, output_filter: OutputFilter, rules: Mapping[str, RequestRules]) -> None:
+        """New validation and filtering settings: every spec is built again on its next request."""
+        self._limits, self._filter, self._rules = limits, output_filter, rules
+        for model in {key[0] for key in [*self._specs, *self._fetching]}:
+            self.forget(model)
+
     def forget(self, model: str) -> None:
         self._generation[model] += 1
         for key in [k for k in self._specs if k[0] == model]:

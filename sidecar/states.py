@@ -142,6 +142,16 @@ class ModelStates:
             )
         return self._models[model]
 
+    def forget(self, model: str) -> None:
+        """Stop tracking a model that is no longer guarded (released, not failed)."""
+        self._models.pop(model, None)
+
+    def reconfigure(self, *, failure_threshold: int, success_threshold: int) -> None:
+        """New thresholds from a reloaded config, for every model now and later; counts so far stay."""
+        self._failure_threshold, self._success_threshold = failure_threshold, success_threshold
+        for health in self._models.values():
+            health.failure_threshold, health.success_threshold = failure_threshold, success_threshold
+
     def __contains__(self, model: object) -> bool:
         return model in self._models
 

@@ -196,9 +196,9 @@ class RunningSidecar:
                     None)
 
 
-async def start_sidecar(config: SidecarConfig) -> RunningSidecar:
+async def start_sidecar(config: SidecarConfig, config_path: Path | None = None) -> RunningSidecar:
     registry = CollectorRegistry()
-    app = create_app(config, registry=registry, golden=load_golden_dir(config.golden_dir))
+    app = create_app(config, registry=registry, golden=load_golden_dir(config.golden_dir), config_path=config_path)
     running = RunningSidecar(SidecarListener(app), aiohttp.ClientSession(), registry)
     app[STATES].add_listener(running.transitions.append)
     await running.server.start("127.0.0.1", 0)
