@@ -40,6 +40,7 @@ from sidecar.probes import Prober, TritonWatch
 from sidecar.serving import ServingCore
 from sidecar.states import ModelStates, Transition
 from sidecar.triton import TritonClient, TritonError, TritonUnavailable
+from sidecar.validation import load_schemas
 
 log = structlog.get_logger("sidecar.app")
 
@@ -57,6 +58,8 @@ def create_app(
     golden: Mapping[str, Sequence[GoldenCase]] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> web.Application:
+    # Files first: a bad one stops the start (ConfigError) before any connection to Triton is opened.
+    rules = load_schemas(config.validation)
     app = web.Application(middlewares=[_count_in_flight])
     app[CONFIG] = config
     metrics = SidecarMetrics(registry or CollectorRegistry())
@@ -82,7 +85,7 @@ def create_app(
     app[SERVING] = ServingCore(
         config, states=states, metrics=metrics, fetch_document=document_fetcher(app),
         cases_for=app[PROBER].cases_for, note_triton_error=app[HEALER].note_triton_error,
-        probe_soon=app[PROBER].probe_soon, mark_unreachable=app[WATCH].mark_unreachable)
+        probe_soon=app[PROBER].probe_soon, mark_unreachable=app[WATCH].mark_unreachable, rules=rules)
     app.cleanup_ctx.append(_upstream_session)
     app.cleanup_ctx.append(_monitors)
     app.router.add_get("/healthz", healthz)

@@ -98,6 +98,19 @@ class Healer:
     async def _episode(self, model: str) -> None:
         cause = self._states.get(model).cause  # type: ignore[union-attr]
         self._states.apply(model, lambda h, now: h.heal_started(f"healing after: {cause}", now))
+        try:
+            await self._attempts(model, cause)
+        except Exception as e:  # the episode must end; a model left HEALING is never probed again
+            self._count_error(model, e, where="heal episode")
+            self._escalate(model, f"healing stopped by an unexpected {type(e).__name__}: {e}")
+
+    def _count_error(self, model: str, e: Exception, *, where: str) -> None:
+        """An exception no step foresaw (a bug, or an answer nobody expected): logged with its traceback
+        and counted, so that it is fixed rather than hidden behind a retry."""
+        self._metrics.heal_errors.labels(model=model).inc()
+        log.error("heal_error", model=model, where=where, error=type(e).__name__, cause=str(e)[:300], exc_info=e)
+
+    async def _attempts(self, model: str, cause: str) -> None:
         backoff = self._settings.backoff_initial_s
         error = cause
         async with self._limit:
@@ -143,6 +156,9 @@ class Healer:
             await self._check_golden(model)
         except HealStepFailed as e:
             error = str(e)
+        except Exception as e:  # an unforeseen failure fails this attempt; the episode goes on
+            self._count_error(model, e, where=f"attempt {attempt}")
+            error = f"unexpected {type(e).__name__} while healing: {str(e)[:200]}"
         else:
             error = None
         duration = time.perf_counter() - started

@@ -8,7 +8,7 @@ Each front (HTTP in sidecar.http_front, gRPC in sidecar.grpc_front) only decodes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -23,7 +23,7 @@ from sidecar.signals import PassiveSignals
 from sidecar.specs import FetchDocument, SpecCache
 from sidecar.states import ModelStates
 from sidecar.telemetry import RequestContext, RequestTelemetry
-from sidecar.validation import Limits, ModelSpec, load_request_rules
+from sidecar.validation import Limits, ModelSpec, RequestRules, load_schemas
 
 AnswerT = TypeVar("AnswerT")
 
@@ -69,13 +69,15 @@ class ServingCore:
     def __init__(self, config: SidecarConfig, *, states: ModelStates, metrics: SidecarMetrics,
                  fetch_document: FetchDocument, cases_for: Callable[[str], Sequence[GoldenCase]],
                  note_triton_error: Callable[[str, str], None], probe_soon: Callable[[str], None],
-                 mark_unreachable: Callable[[str], None]) -> None:
+                 mark_unreachable: Callable[[str], None],
+                 rules: Mapping[str, RequestRules] | None = None) -> None:
         self.config = config
         self.settings = config.proxy
         self.filter = OutputFilter(config.filtering.rules)
         self.admission = Admission(states=states, settings=config.proxy, metrics=metrics)
-        # JSON Schemas are compiled once, here; a bad file stops the start (ConfigError names it).
-        rules = {model: load_request_rules(path) for model, path in config.validation.schemas.items()}
+        # JSON Schemas are compiled once, at start; a bad file stops the start (ConfigError names it).
+        if rules is None:
+            rules = load_schemas(config.validation)
         self.specs = SpecCache(fetch=fetch_document, states=states, limits=Limits.from_settings(config.validation),
                                output_filter=self.filter, rules=rules, retry_after_s=config.proxy.retry_after_s)
         self.signals = PassiveSignals(states=states, failure_threshold=config.proxy.passive_failure_threshold,

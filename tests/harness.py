@@ -26,6 +26,7 @@ from sidecar.config import SidecarConfig, load_config
 from sidecar.golden import load_golden_dir
 from sidecar.http_listener import SidecarListener
 from sidecar.states import ModelState, Transition
+from sidecar.triton import TritonClient
 from sidecar.tritonserver import LocalTriton, stub_pids
 
 REPO = Path(__file__).resolve().parent.parent
@@ -194,9 +195,10 @@ class RunningSidecar:
                     None)
 
 
-async def start_sidecar(config: SidecarConfig) -> RunningSidecar:
+async def start_sidecar(config: SidecarConfig, *, triton: TritonClient | None = None) -> RunningSidecar:
+    """`triton`: a client of the test's own (it closes it); by default the app makes and closes one."""
     registry = CollectorRegistry()
-    app = create_app(config, registry=registry, golden=load_golden_dir(config.golden_dir))
+    app = create_app(config, registry=registry, golden=load_golden_dir(config.golden_dir), triton=triton)
     running = RunningSidecar(SidecarListener(app), aiohttp.ClientSession(), registry)
     app[STATES].add_listener(running.transitions.append)
     await running.server.start("127.0.0.1", 0)
