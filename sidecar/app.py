@@ -79,12 +79,13 @@ def create_app(
     app[TRITON] = triton
     app[WATCH] = TritonWatch(triton=triton, settings=config.probes, metrics=metrics, clock=clock)
     app[PROBER] = Prober(triton=triton, states=states, cases=app[GOLDEN], settings=config.probes,
-                         metrics=metrics, on_unhealthy=lambda model: app[HEALER].request_heal(model))
+                         metrics=metrics, on_unhealthy=lambda model: app[HEALER].request_heal(model),
+                         on_stub_dead=lambda model: app[HEALER].note_stub_dead(model))
     app[HEALER] = Healer(triton=triton, states=states, settings=config.healing, metrics=metrics,
-                         verify=app[PROBER].run_round)
+                         verify=app[PROBER].verify_round, unanswered_for=app[PROBER].unanswered_for)
     app[SERVING] = ServingCore(
         config, states=states, metrics=metrics, fetch_document=document_fetcher(app),
-        cases_for=app[PROBER].cases_for, note_triton_error=app[HEALER].note_triton_error,
+        cases_for=app[PROBER].cases_for, note_stub_dead=app[HEALER].note_stub_dead,
         probe_soon=app[PROBER].probe_soon, mark_unreachable=app[WATCH].mark_unreachable, rules=rules)
     app.cleanup_ctx.append(_upstream_session)
     app.cleanup_ctx.append(_monitors)
@@ -170,6 +171,7 @@ async def _monitors(app: web.Application) -> AsyncIterator[None]:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    await app[PROBER].close()  # golden requests still open for a late answer
 
 
 def _log_crash(task: asyncio.Task[Any]) -> None:

@@ -68,7 +68,7 @@ class ServingCore:
 
     def __init__(self, config: SidecarConfig, *, states: ModelStates, metrics: SidecarMetrics,
                  fetch_document: FetchDocument, cases_for: Callable[[str], Sequence[GoldenCase]],
-                 note_triton_error: Callable[[str, str], None], probe_soon: Callable[[str], None],
+                 note_stub_dead: Callable[[str], None], probe_soon: Callable[[str], None],
                  mark_unreachable: Callable[[str], None],
                  rules: Mapping[str, RequestRules] | None = None) -> None:
         self.config = config
@@ -81,7 +81,7 @@ class ServingCore:
         self.specs = SpecCache(fetch=fetch_document, states=states, limits=Limits.from_settings(config.validation),
                                output_filter=self.filter, rules=rules, retry_after_s=config.proxy.retry_after_s)
         self.signals = PassiveSignals(states=states, failure_threshold=config.proxy.passive_failure_threshold,
-                                      note_triton_error=note_triton_error, probe_soon=probe_soon)
+                                      note_stub_dead=note_stub_dead, probe_soon=probe_soon)
         self.telemetry = RequestTelemetry(metrics=metrics,
                                           access_log_sample_rate=config.logging.access_log_sample_rate)
         self._cases_for = cases_for
@@ -184,5 +184,5 @@ class ServingCore:
                               model=model, before_triton=False)
             cause = refusal.message
         if signal and model:
-            self.signals.upstream_failed(model, cause)
+            self.signals.upstream_failed(model, cause, stub_dead=failure.stub_dead)
         return refusal
