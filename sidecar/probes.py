@@ -6,8 +6,9 @@ outputs the golden requests use, (c) every golden case: infer and compare. Each 
 
 A golden request that outlives its probe's bound is not cancelled (`LateAnswers`): Triton needs about
 a second to say that a python stub died, and that verdict, whenever it comes, goes straight to the
-state machine as a final failure. While such a request is still unanswered, the next round fails at
-once instead of queueing another request behind it: the diagnosis does not depend on `timeout_s`.
+state machine as a final failure. While such a request is still unanswered, the next round waits
+for it one interval more instead of queueing another request behind it: a hung model fails its
+rounds at the probe interval, so the diagnosis does not depend on `timeout_s`.
 """
 
 from __future__ import annotations
@@ -100,68 +101,95 @@ class _Timer:
 
 
 class StillUnanswered(Exception):
-    """The model's previous golden request has had no answer yet; the message says for how long."""
+    """The model's previous golden request still has no answer; the message says for how long."""
+
+
+@dataclass
+class _OpenRequest:
+    task: asyncio.Task[InferOutcome]
+    sent_at: float
+    #: Rounds that have waited on this request so far.
+    rounds: int = 1
+    #: A round is waiting on it right now, and reports its answer itself.
+    awaited: bool = False
 
 
 class LateAnswers:
     """Golden requests whose probe gave up (`probes.timeout_s`) while their answer is still awaited,
-    at most one per model (the next round sends none while one is open: a hung model is not fed
-    more requests to hang on). A StubUnhealthy verdict that arrives late goes to `on_final`."""
+    at most one per model.
 
-    def __init__(self, *, on_final: Callable[[str, StubUnhealthy], None], listen_s: float = LATE_ANSWER_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    The next round sends no new request behind an open one (a hung model is not fed more requests to
+    hang on): it waits for the open one, one interval more than the round before, which is the time
+    a round of its own would have had. So a slow answer is counted once, not by every round it
+    overlaps, and a hung model fails its rounds at the probe interval, not at the timeout. An answer
+    that comes while no round waits, if it is Triton's StubUnhealthy verdict, goes to `on_final`.
+    """
+
+    def __init__(self, *, interval_s: float, on_final: Callable[[str, StubUnhealthy], None],
+                 listen_s: float = LATE_ANSWER_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval_s = interval_s
         self._on_final = on_final
         self._listen_s = listen_s
         self._clock = clock
-        self._open: dict[str, tuple[asyncio.Task[InferOutcome], float]] = {}
+        self._open: dict[str, _OpenRequest] = {}
 
     def unanswered_for(self, model: str) -> float | None:
         """Seconds the model's open request has waited, or None when none is open."""
-        entry = self._open.get(model)
-        if entry is None or entry[0].done():
+        request = self._open.get(model)
+        if request is None or request.task.done():
             return None
-        return self._clock() - entry[1]
+        return self._clock() - request.sent_at
 
     async def infer(self, triton: TritonClient, case: GoldenCase, timeout_s: float) -> InferOutcome:
-        waited = self.unanswered_for(case.model)
-        if waited is not None:
-            raise StillUnanswered(f"the golden request sent {waited:.1f} s ago still has no answer (hung?)")
-        sent_at = self._clock()
-        task = asyncio.ensure_future(triton.infer_case(case, timeout_s=self._listen_s))
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await asyncio.shield(task)
-        except TimeoutError:
-            self._open[case.model] = (task, sent_at)
-            task.add_done_callback(lambda t: self._answered(case.model, t))
-            raise TritonTimeout("no answer within the time limit") from None
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
+        request = self._open.get(case.model)
+        if request is not None and not request.task.done():
+            deadline = request.sent_at + timeout_s + request.rounds * self._interval_s
+            request.rounds += 1
+            return await self._wait(case.model, request, deadline)
+        request = _OpenRequest(asyncio.ensure_future(triton.infer_case(case, timeout_s=self._listen_s)),
+                               self._clock())
+        self._open[case.model] = request
+        request.task.add_done_callback(lambda t: self._answered(case.model, request))
+        return await self._wait(case.model, request, request.sent_at + timeout_s)
 
-    def _answered(self, model: str, task: asyncio.Task[InferOutcome]) -> None:
-        entry = self._open.get(model)
-        if entry is not None and entry[0] is task:
+    async def _wait(self, model: str, request: _OpenRequest, deadline: float) -> InferOutcome:
+        request.awaited = True
+        try:
+            async with asyncio.timeout(max(0.0, deadline - self._clock())):
+                return await asyncio.shield(request.task)
+        except TimeoutError:
+            if request.rounds == 1:
+                raise TritonTimeout("no answer within the time limit") from None
+            raise StillUnanswered(f"the golden request sent {self._clock() - request.sent_at:.1f} s ago "
+                                  "still has no answer") from None
+        except asyncio.CancelledError:
+            self.forget(model)  # the prober stops: nobody will listen any more
+            raise
+        finally:
+            request.awaited = False
+
+    def _answered(self, model: str, request: _OpenRequest) -> None:
+        if self._open.get(model) is request:
             del self._open[model]
-        if task.cancelled():
+        if request.task.cancelled() or request.awaited:
             return
-        error = task.exception()
-        late_s = round(self._clock() - (entry[1] if entry else self._clock()), 2)
+        error = request.task.exception()
+        after_s = round(self._clock() - request.sent_at, 2)
         if isinstance(error, StubUnhealthy):
-            log.warning("probe_late_answer", model=model, after_s=late_s, cause=error.message)
+            log.warning("probe_late_answer", model=model, after_s=after_s, cause=error.message)
             self._on_final(model, error)
         else:
-            log.info("probe_late_answer", model=model, after_s=late_s,
+            log.info("probe_late_answer", model=model, after_s=after_s,
                      cause="answered" if error is None else str(error))
 
     def forget(self, model: str) -> None:
         """Stop listening for the model's open request (its instance was just replaced)."""
-        entry = self._open.pop(model, None)
-        if entry is not None:
-            entry[0].cancel()
+        request = self._open.pop(model, None)
+        if request is not None:
+            request.task.cancel()
 
     async def close(self) -> None:
-        tasks = [task for task, _ in self._open.values()]
+        tasks = [request.task for request in self._open.values()]
         self._open.clear()
         for task in tasks:
             task.cancel()
@@ -304,7 +332,7 @@ class Prober:
         self._metrics = metrics
         self._on_unhealthy = on_unhealthy
         self._on_stub_dead = on_stub_dead
-        self._late = LateAnswers(on_final=self._late_verdict)
+        self._late = LateAnswers(interval_s=settings.interval_s, on_final=self._late_verdict)
         self._rng = rng or random.Random()  # noqa: S311 - schedule jitter, not secrets
         self._wake: dict[str, asyncio.Event] = {}
         self.records: dict[str, ProbeRecord] = {}
