@@ -1,10 +1,13 @@
 """Time to recover and blast radius: heal one model in place vs restart Triton, in one run.
 
     .venv/bin/python -m bench.recovery [--faults 10] [--restarts 3] [--weights-mb 200]
+                                       [--scenario default|short-timeout]
 
 Five python models whose initialize() reads a weights file of --weights-mb MB, checks its SHA-256
-and derives its weights from all of it. The sidecar (probe interval 1 s, failure threshold 2) guards
-all five. Phase 1, --faults times: SIGKILL weighted_0's stub and time kill -> HEALTHY on /status,
+and derives its weights from all of it. The sidecar guards all five with the scenario's probe
+settings: `default` (interval 1 s, timeout 2 s, failure threshold 2) or `short-timeout` (issue 12:
+interval 0.5 s, timeout 1 s, threshold 2, a timeout shorter than Triton's ~1 s to declare a stub
+dead). Phase 1, --faults times: SIGKILL weighted_0's stub and time kill -> HEALTHY on /status,
 while a client sends requests to the other four (through the sidecar's proxy once it exists, else
 straight to Triton) and counts correct answers. Phase 2, --restarts times, what users do today:
 SIGKILL Triton, start it again, load all five, ready and answering; the same client (straight to
@@ -37,8 +40,13 @@ from bench.traffic import ModelCall, Traffic, correct_share, count, started_betw
 from sidecar.tritonserver import LocalTriton, stub_pids
 
 VICTIM = "weighted_0"
-#: Targets of issue 7.
-TARGET_RECOVERY_S_PLUS_LOAD = 3.0
+#: Probe settings per scenario, and each one's recovery target beyond the model's load time (s):
+#: issue 7's 3 s for the defaults; issue 12's interval × threshold + 1.5 s for a short timeout.
+SCENARIOS: dict[str, dict[str, float]] = {
+    "default": {"interval_s": 1, "timeout_s": 2, "failure_threshold": 2},
+    "short-timeout": {"interval_s": 0.5, "timeout_s": 1, "failure_threshold": 2},
+}
+TARGET_RECOVERY_S_PLUS_LOAD = {"default": 3.0, "short-timeout": 0.5 * 2 + 1.5}
 #: The bystander client's pause between two requests to one model (s): ~50 req/s per model.
 CLIENT_PAUSE_S = 0.02
 #: How often (s) /status is read while waiting for a state.
@@ -188,7 +196,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
               f"{[round(t, 2) for t in load_times]} s", flush=True)
         sidecar = SidecarProcess(sidecar_settings(
             triton, models=built.models, golden_dir=built.golden_dir,
-            probes={"interval_s": 1, "timeout_s": 2, "failure_threshold": 2},
+            probes=SCENARIOS[args.scenario],
             # Every fault here is deliberate: the flap guard (more than flap_max_heals heals within
             # the hour -> FAILED) would rightly stop healing a model that breaks this often.
             healing={"backoff_initial_s": 0.5, "load_timeout_s": 300, "flap_max_heals": args.faults + 5},
@@ -213,18 +221,23 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "others_correct_share_during_restarts_max": max(restart_share, default=None),
         "bystanders_via": "sidecar proxy" if proxied else "direct to Triton",
     }
+    target = TARGET_RECOVERY_S_PLUS_LOAD[args.scenario]
+    worst_s = summary["recovery_s_max"]
     verdicts = [
-        {"target": f"recovery ≤ {TARGET_RECOVERY_S_PLUS_LOAD} s + load time ({load_s:.2f} s)",
-         "measured": heal_s, "met": heal_s is not None and heal_s <= TARGET_RECOVERY_S_PLUS_LOAD + load_s},
+        {"target": f"recovery ≤ {target:g} s + load time ({load_s:.2f} s), median",
+         "measured": heal_s, "met": heal_s is not None and heal_s <= target + load_s},
+        {"target": f"recovery ≤ {target:g} s + load time ({load_s:.2f} s), every fault",
+         "measured": worst_s, "met": worst_s is not None and worst_s <= target + load_s},
         {"target": "other models 100% correct during every heal",
          "measured": summary["others_correct_share_during_heals_min"],
          "met": bool(heal_share) and min(heal_share) == 1.0},
-        {"target": "recovery faster than a restart", "measured": f"{heal_s} s vs {restart_s} s",
-         "met": heal_s is not None and restart_s is not None and heal_s < restart_s},
     ]
+    if args.restarts:
+        verdicts.append({"target": "recovery faster than a restart", "measured": f"{heal_s} s vs {restart_s} s",
+                         "met": heal_s is not None and restart_s is not None and heal_s < restart_s})
     return {"benchmark": "recovery", "command": command_line(), "machine": machine,
-            "settings": {"models": args.models, "weights_mb": args.weights_mb, "faults": args.faults,
-                         "restarts": args.restarts, "probe_interval_s": 1, "failure_threshold": 2,
+            "settings": {"scenario": args.scenario, "models": args.models, "weights_mb": args.weights_mb,
+                         "faults": args.faults, "restarts": args.restarts, "probes": SCENARIOS[args.scenario],
                          "client_pause_s": CLIENT_PAUSE_S, "first_start_s": round(first_start_s, 3),
                          "load_times_s": [round(t, 3) for t in load_times]},
             "notes": notes, "faults": faults, "restarts": restarts, "summary": summary, "verdicts": verdicts}
@@ -266,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights-mb", type=int, default=200, help="weights file per model, MB (default 200)")
     parser.add_argument("--load-samples", type=int, default=3, help="timed unload->load of the victim (default 3)")
     parser.add_argument("--settle", type=float, default=2.0, help="pause (s) before each fault (default 2)")
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="default",
+                        help="probe settings (default: interval 1 s, timeout 2 s; short-timeout: issue 12's "
+                             "0.5 s / 1 s)")
     args = parser.parse_args(argv)
     interrupt_on_termination()
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as scratch:
@@ -274,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             keep_logs(Path(scratch), "recovery")
     table = markdown(result)
-    path = write_results("recovery", result, table)
+    path = write_results("recovery" if args.scenario == "default" else f"recovery-{args.scenario}", result, table)
     print(f"\n{table}\nresults: {path}")
     return 0 if all(v["met"] for v in result["verdicts"]) else 1
 

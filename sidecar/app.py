@@ -47,6 +47,7 @@ from sidecar.roster import Roster
 from sidecar.serving import ServingCore
 from sidecar.states import ModelStates, Transition
 from sidecar.triton import TritonClient
+from sidecar.validation import load_schemas
 
 log = structlog.get_logger("sidecar.app")
 #: Paths of the sidecar's own endpoints: not counted as traffic while draining.
@@ -64,6 +65,8 @@ def create_app(
 ) -> web.Application:
     """`config_path` is the file `config` came from: watched and re-read on change and on SIGHUP
     (None: nothing to re-read; the golden directory is watched all the same)."""
+    # Files first: a bad one stops the start (ConfigError) before any connection to Triton is opened.
+    rules = load_schemas(config.validation)
     app = web.Application(middlewares=[_count_in_flight])
     app[CONFIG] = config
     metrics = SidecarMetrics(registry or CollectorRegistry())
@@ -86,13 +89,14 @@ def create_app(
     app[TRITON] = triton
     app[WATCH] = TritonWatch(triton=triton, settings=config.probes, metrics=metrics, clock=clock)
     app[PROBER] = Prober(triton=triton, states=states, cases=app[GOLDEN], settings=config.probes,
-                         metrics=metrics, on_unhealthy=lambda model: app[HEALER].request_heal(model))
+                         metrics=metrics, on_unhealthy=lambda model: app[HEALER].request_heal(model),
+                         on_stub_dead=lambda model: app[HEALER].note_stub_dead(model))
     app[HEALER] = Healer(triton=triton, states=states, settings=config.healing, metrics=metrics,
-                         verify=app[PROBER].run_round)
+                         verify=app[PROBER].verify_round, unanswered_for=app[PROBER].unanswered_for)
     app[SERVING] = ServingCore(
         config, states=states, metrics=metrics, fetch_document=document_fetcher(app),
-        cases_for=app[PROBER].cases_for, note_triton_error=app[HEALER].note_triton_error,
-        probe_soon=app[PROBER].probe_soon, mark_unreachable=app[WATCH].mark_unreachable)
+        cases_for=app[PROBER].cases_for, note_stub_dead=app[HEALER].note_stub_dead,
+        probe_soon=app[PROBER].probe_soon, mark_unreachable=app[WATCH].mark_unreachable, rules=rules)
     app[ROSTER] = Roster(triton=triton, states=states, prober=app[PROBER], healer=app[HEALER], metrics=metrics,
                          config=lambda: app[LIVE].config, cases_for=store.cases_for,
                          forget=app[SERVING].forget_model)
@@ -187,6 +191,7 @@ async def _monitors(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await app[ROSTER].close()
+    await app[PROBER].close()  # golden requests still open for a late answer
 
 
 def _log_crash(task: asyncio.Task[Any]) -> None:

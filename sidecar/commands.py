@@ -40,13 +40,13 @@ from sidecar.golden import (
     check_request,
     dump_golden_case,
     golden_file_problems,
-    json_path,
     load_golden_dir,
     load_golden_file,
     short_message,
 )
 from sidecar.probes import GOLDEN, SERVER_READY, ProbeResult, RoundResult, probe_model
 from sidecar.triton import TritonClient, TritonError, TritonUnavailable
+from sidecar.validation import load_request_rules
 
 #: The CLI's exit codes (sidecar.cli defines the same; this module sits below it and cannot import it).
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -62,7 +62,6 @@ DEFAULT_GOLDEN_DIR = Path("golden_requests")
 MAX_ERROR_CONTAINS_CHARS = 120
 #: Triton puts "[request id: <id>] " in front of some messages; the id changes per request.
 _REQUEST_ID_PREFIX = re.compile(r"^\s*\[request id: [^\]]*\]\s*")
-_DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 
 #: Result words shared by the table and the JSON output.
 PASS, FAIL, TIMEOUT, SKIPPED = "pass", "fail", "timeout", "skipped"
@@ -776,33 +775,13 @@ def _check_golden_dir(golden_dir: Path, report: ValidationReport) -> None:
 
 
 def _schema_problems(model: str, path: Path) -> list[str]:
-    where = f"validation.schemas.{model}"
+    """The schema file read by the sidecar's own loader: what stops the start stops `validate`, with
+    the same line."""
     try:
-        text = path.read_text()
-    except OSError as e:
-        return [f"{path}: cannot read the request schema for {model} ({where}): {e.strerror}"]
-    try:
-        schema = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as e:
-        return [f"{path}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg} ({where})"]
-    except yaml.YAMLError as e:
-        return [f"{path}: not valid YAML: {getattr(e, 'problem', e)} ({where})"]
-    if not isinstance(schema, (dict, bool)):
-        return [f"{path}: a JSON Schema is an object, got {type(schema).__name__} ({where})"]
-    problems = []
-    declared = schema.get("$schema") if isinstance(schema, dict) else None
-    if declared is not None and str(declared).rstrip("#") != _DRAFT_2020_12:
-        problems.append(f"{path}: at $.$schema: declares {declared!r}, but request schemas are applied "
-                        f"as Draft 2020-12 ({_DRAFT_2020_12})")
-    try:
-        jsonschema.Draft202012Validator.check_schema(schema)
-    except jsonschema.SchemaError as e:
-        meta = jsonschema.Draft202012Validator(jsonschema.Draft202012Validator.META_SCHEMA,
-                                               format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
-        errors = sorted(meta.iter_errors(schema), key=lambda err: [str(p) for p in err.absolute_path]) or [e]
-        problems.extend(f"{path}: at {json_path(err.absolute_path)}: not a valid Draft 2020-12 schema: "
-                        f"{short_message(err.message)}" for err in errors)
-    return problems
+        load_request_rules(path, model=model)
+    except ConfigError as e:
+        return [str(e)]
+    return []
 
 
 __all__ = [

@@ -34,6 +34,7 @@ from sidecar.http_front import exposed_extensions, server_problems
 from sidecar.refusals import FailureKind, Reason, Refusal, UpstreamFailure, cut
 from sidecar.serving import OutputPolicy, Screened, ServingCore
 from sidecar.telemetry import GRPC, RequestContext
+from sidecar.triton import StubUnhealthy, triton_error
 from sidecar.validation import ModelSpec, validate_decoded_request
 
 log = structlog.get_logger("sidecar.proxy")
@@ -165,7 +166,9 @@ def upstream_failure(e: grpc.aio.AioRpcError) -> UpstreamFailure:
         return UpstreamFailure(FailureKind.TIMEOUT, detail)
     if code is grpc.StatusCode.CANCELLED:
         return UpstreamFailure(FailureKind.DROPPED, detail)
-    return UpstreamFailure(FailureKind.SERVER_ERROR, detail)
+    # Triton's verdict on the model's stub, typed where HTTP answers are typed (sidecar.triton).
+    return UpstreamFailure(FailureKind.SERVER_ERROR, detail,
+                           stub_dead=isinstance(triton_error(500, e.details() or ""), StubUnhealthy))
 
 
 class GrpcInferExchange:
@@ -477,7 +480,9 @@ class GrpcFront:
         if response.error_message:
             # Triton's own in-stream error: a passive signal for the model the stream talks to.
             if response.error_message[:1] != "[" and len(models) == 1:
-                self.core.signals.upstream_failed(next(iter(models)), f"Triton answered: {response.error_message}")
+                verdict = triton_error(500, response.error_message)
+                self.core.signals.upstream_failed(next(iter(models)), f"Triton answered: {response.error_message}",
+                                                  stub_dead=isinstance(verdict, StubUnhealthy))
             return payload
         if model not in self.app[STATES]:
             return payload

@@ -26,7 +26,7 @@ log = structlog.get_logger("sidecar.healer")
 #: How often (s) to ask Triton whether an unload or load has finished: often enough that a
 #: 1.5 s reload is not stretched, rare enough to cost Triton nothing.
 POLL_INTERVAL_S = 0.1
-#: How old (s) an error from live traffic may be and still say what broke the model now.
+#: How old (s) Triton's verdict that a stub died may be and still say what broke the model now.
 RECENT_ERROR_S = 30.0
 
 
@@ -43,6 +43,7 @@ class Healer:
         settings: HealingSection,
         metrics: SidecarMetrics,
         verify: Callable[[str], Awaitable[RoundResult]],
+        unanswered_for: Callable[[str], float | None] = lambda model: None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._triton = triton
@@ -50,6 +51,7 @@ class Healer:
         self._settings = settings
         self._metrics = metrics
         self._verify = verify
+        self._unanswered_for = unanswered_for
         self._sleep = sleep
         self._limit = asyncio.Semaphore(settings.max_concurrent)
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -57,17 +59,24 @@ class Healer:
         self.attempts: dict[str, int] = collections.Counter()
         self.last_heal_s: dict[str, float] = {}
         self.accepting = True
-        #: The last error Triton gave a client for each model, with its time.monotonic().
-        self._triton_errors: dict[str, tuple[float, str]] = {}
+        #: time.monotonic() when Triton last declared each model's stub dead (StubUnhealthy), to
+        #: probes or to live traffic.
+        self._stub_dead_at: dict[str, float] = {}
 
-    def note_triton_error(self, model: str, message: str) -> None:
-        """An error Triton answered to live traffic: evidence of what broke, for the next heal."""
-        self._triton_errors[model] = (time.monotonic(), message)
+    def note_stub_dead(self, model: str) -> None:
+        """Triton said the model's stub process died: its instance will never finish unloading."""
+        self._stub_dead_at[model] = time.monotonic()
 
-    def _stub_died(self, model: str, broken_by: str) -> bool:
-        noted_at, message = self._triton_errors.get(model, (0.0, ""))
-        recent = time.monotonic() - noted_at <= RECENT_ERROR_S
-        return _stub_is_dead(broken_by) or (recent and _stub_is_dead(message))
+    def _unload_cannot_finish(self, model: str) -> str | None:
+        """Why waiting for this model's unload is pointless, or None. Triton unloads an instance only
+        once its requests are done: a dead stub's never are, and neither are a hung execute()'s."""
+        if time.monotonic() - self._stub_dead_at.get(model, float("-inf")) <= RECENT_ERROR_S:
+            return "Triton declared the stub process dead: its instance never finishes unloading, and holds no memory"
+        waited = self._unanswered_for(model)
+        if waited is not None:
+            return (f"a golden request has had no answer for {waited:.1f} s: a hung execute() keeps its instance, "
+                    "which never finishes unloading")
+        return None
 
     def reconfigure(self, settings: HealingSection) -> None:
         """Settings from a reloaded config, for the next attempt on. A running episode keeps its
@@ -114,12 +123,25 @@ class Healer:
     async def _episode(self, model: str) -> None:
         cause = self._states.get(model).cause  # type: ignore[union-attr]
         self._states.apply(model, lambda h, now: h.heal_started(f"healing after: {cause}", now))
+        try:
+            await self._attempts(model, cause)
+        except Exception as e:  # the episode must end; a model left HEALING is never probed again
+            self._count_error(model, e, where="heal episode")
+            self._escalate(model, f"healing stopped by an unexpected {type(e).__name__}: {e}")
+
+    def _count_error(self, model: str, e: Exception, *, where: str) -> None:
+        """An exception no step foresaw (a bug, or an answer nobody expected): logged with its traceback
+        and counted, so that it is fixed rather than hidden behind a retry."""
+        self._metrics.heal_errors.labels(model=model).inc()
+        log.error("heal_error", model=model, where=where, error=type(e).__name__, cause=str(e)[:300], exc_info=e)
+
+    async def _attempts(self, model: str, cause: str) -> None:
         backoff = self._settings.backoff_initial_s
-        error = cause
+        error: str | None = cause
         async with self._limit:
             for attempt in range(1, self._settings.max_attempts + 1):
                 self.attempts[model] += 1
-                error = await self._attempt(model, attempt, broken_by=error)
+                error = await self._attempt(model, attempt)
                 if error is None:
                     self._after_success(model, attempt)
                     return
@@ -136,7 +158,7 @@ class Healer:
         self._states.apply(model, lambda h, now: h.fail(cause, now))
 
     def _after_success(self, model: str, attempt: int) -> None:
-        self._triton_errors.pop(model, None)  # that evidence was about the instance just replaced
+        self._stub_dead_at.pop(model, None)  # that verdict was about the instance just replaced
         now = time.monotonic()
         recent = self._recent_heals[model]
         recent.append(now)
@@ -149,16 +171,19 @@ class Healer:
         self._states.apply(model, lambda h, t: h.heal_succeeded(
             f"healed by unload and reload (attempt {attempt}), golden requests pass", t))
 
-    async def _attempt(self, model: str, attempt: int, broken_by: str) -> str | None:
+    async def _attempt(self, model: str, attempt: int) -> str | None:
         """One unload -> load -> verify; None on success, else what went wrong."""
         started = time.perf_counter()
         log.info("heal_attempt_started", model=model, attempt=attempt)
         try:
-            await self._unload(model, wait=not self._stub_died(model, broken_by))
+            await self._unload(model)
             await self._load(model)
             await self._check_golden(model)
         except HealStepFailed as e:
             error = str(e)
+        except Exception as e:  # an unforeseen failure fails this attempt; the episode goes on
+            self._count_error(model, e, where=f"attempt {attempt}")
+            error = f"unexpected {type(e).__name__} while healing: {str(e)[:200]}"
         else:
             error = None
         duration = time.perf_counter() - started
@@ -173,7 +198,7 @@ class Healer:
                         duration_ms=round(duration * 1000, 1))
         return error
 
-    async def _unload(self, model: str, *, wait: bool = True) -> None:
+    async def _unload(self, model: str) -> None:
         step = time.perf_counter()
         try:
             await self._triton.unload_model(model, timeout_s=self._settings.unload_timeout_s)
@@ -184,15 +209,18 @@ class Healer:
             log.info("heal_unloaded", model=model, duration_ms=_ms(step), cause="was not loaded")
             return
         log.info("heal_unload_sent", model=model, duration_ms=_ms(step))
-        if not wait:
-            log.info("heal_unload_not_awaited", model=model,
-                     cause="the stub process died: its instance never finishes unloading, and holds no memory")
-            return
         deadline = time.monotonic() + self._settings.unload_timeout_s
-        while time.monotonic() < deadline:
+        while True:
+            # Asked at every poll: Triton's verdict on a dead stub may arrive while the unload runs.
+            hopeless = self._unload_cannot_finish(model)
+            if hopeless is not None:
+                log.info("heal_unload_not_awaited", model=model, duration_ms=_ms(step), cause=hopeless)
+                return
             if await self._is_gone(model):
                 log.info("heal_unloaded", model=model, duration_ms=_ms(step))
                 return
+            if time.monotonic() >= deadline:
+                break
             await self._sleep(POLL_INTERVAL_S)
         # On Triton 2.51 an instance whose stub died (after requests reached it) or hangs in
         # execute() never finishes unloading; a load still starts a fresh instance next to the
@@ -232,13 +260,6 @@ class Healer:
         if not result.ok:
             raise HealStepFailed(f"reloaded, but {result.cause}")
         log.info("heal_verified", model=model, duration_ms=round(result.duration_s * 1000, 1))
-
-
-def _stub_is_dead(cause: str) -> bool:
-    """Triton's python backend says so when a model's stub process has died (Triton 2.51:
-    "Stub process 'NAME_0_0' is not healthy."). Such an instance stays UNLOADING forever once
-    requests reached it, so waiting for the unload only delays the heal."""
-    return "Stub process" in cause and "is not healthy" in cause
 
 
 def _ms(since: float) -> float:

@@ -33,6 +33,7 @@ from sidecar.refusals import FailureKind, Reason, Refusal, UpstreamFailure, cut
 from sidecar.serving import OutputPolicy, Screened, ServingCore
 from sidecar.specs import FetchDocument, triton_error_message
 from sidecar.telemetry import HTTP, RequestContext
+from sidecar.triton import StubUnhealthy, triton_error
 from sidecar.validation import ModelSpec, validate_infer_request
 
 log = structlog.get_logger("sidecar.proxy")
@@ -350,7 +351,9 @@ class HttpInferExchange:
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise upstream_failure(e) from e
         if status >= 500:
-            raise UpstreamFailure(FailureKind.SERVER_ERROR, triton_error_message(answer), status=status)
+            message = triton_error_message(answer)
+            raise UpstreamFailure(FailureKind.SERVER_ERROR, message, status=status,
+                                  stub_dead=isinstance(triton_error(status, message), StubUnhealthy))
         return status, kept, answer
 
     def screen(self, answer: HttpAnswer, policy: OutputPolicy) -> Screened[HttpAnswer]:

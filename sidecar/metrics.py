@@ -55,6 +55,9 @@ class SidecarMetrics:
         self.time_to_recover = Histogram(f"{PREFIX}_time_to_recover_seconds",
                                          "From the first failed probe to HEALTHY again.",
                                          ["model"], buckets=HEAL_BUCKETS, registry=registry)
+        self.heal_errors = Counter(f"{PREFIX}_heal_errors", "Unexpected exceptions inside a heal (a bug or an "
+                                   "unforeseen answer); the attempt counts as failed, the model is retried or "
+                                   "escalated, never left HEALING.", ["model"], registry=registry)
         self.escalations = Counter(f"{PREFIX}_escalations", "Times a model went FAILED (healing exhausted "
                                    "or flapping); /healthz fails until a restart.", ["model"], registry=registry)
 
@@ -97,6 +100,7 @@ class SidecarMetrics:
         for result in ("success", "failure"):
             self.heal_attempts.labels(model=model, result=result)
         self.escalations.labels(model=model)
+        self.heal_errors.labels(model=model)
 
     def forget_model(self, model: str) -> None:
         """Drop a model's gauges once it is no longer guarded, so it does not read as stuck in a state.

@@ -3,6 +3,12 @@
 One round for a model is (a) server ready, (b) model ready and its metadata declares the inputs and
 outputs the golden requests use, (c) every golden case: infer and compare. Each call is bounded by
 `probes.timeout_s`; each model has its own loop, so a hung model never delays another's probes.
+
+A golden request that outlives its probe's bound is not cancelled (`LateAnswers`): Triton needs about
+a second to say that a python stub died, and that verdict, whenever it comes, goes straight to the
+state machine as a final failure. While such a request is still unanswered, the next round waits
+for it one interval more instead of queueing another request behind it: a hung model fails its
+rounds at the probe interval, so the diagnosis does not depend on `timeout_s`.
 """
 
 from __future__ import annotations
@@ -19,7 +25,14 @@ from sidecar.config import ProbesSection
 from sidecar.golden import GoldenCase, compare_outputs
 from sidecar.metrics import SidecarMetrics
 from sidecar.states import ModelState, ModelStates
-from sidecar.triton import TritonClient, TritonError, TritonUnavailable
+from sidecar.triton import (
+    InferOutcome,
+    StubUnhealthy,
+    TritonClient,
+    TritonError,
+    TritonTimeout,
+    TritonUnavailable,
+)
 
 log = structlog.get_logger("sidecar.probes")
 
@@ -27,6 +40,11 @@ SERVER_READY = "server_ready"
 MODEL_READY = "model_ready"
 METADATA = "metadata"
 GOLDEN = "golden"
+
+#: How long (s) a golden request that outlived its probe is still listened to. Triton's verdict on a
+#: dead stub comes after about 1 s; an answer later than this says nothing the probes have not already
+#: acted on, and a hung execute() never answers, so the request must end some time.
+LATE_ANSWER_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +55,8 @@ class ProbeResult:
     detail: str = ""
     case: str = ""
     timed_out: bool = False
+    #: Triton declared the fault final (StubUnhealthy): only a reload helps.
+    final: bool = False
 
     @property
     def result(self) -> str:
@@ -59,6 +79,10 @@ class RoundResult:
         return self.conclusive and all(r.ok for r in self.results)
 
     @property
+    def final(self) -> bool:
+        return any(r.final for r in self.results)
+
+    @property
     def cause(self) -> str:
         failed = next((r for r in self.results if not r.ok), None)
         if failed is None:
@@ -76,13 +100,110 @@ class _Timer:
         return time.perf_counter() - self.start
 
 
+class StillUnanswered(Exception):
+    """The model's previous golden request still has no answer; the message says for how long."""
+
+
+@dataclass
+class _OpenRequest:
+    task: asyncio.Task[InferOutcome]
+    sent_at: float
+    #: Rounds that have waited on this request so far.
+    rounds: int = 1
+    #: A round is waiting on it right now, and reports its answer itself.
+    awaited: bool = False
+
+
+class LateAnswers:
+    """Golden requests whose probe gave up (`probes.timeout_s`) while their answer is still awaited,
+    at most one per model.
+
+    The next round sends no new request behind an open one (a hung model is not fed more requests to
+    hang on): it waits for the open one, one interval more than the round before, which is the time
+    a round of its own would have had. So a slow answer is counted once, not by every round it
+    overlaps, and a hung model fails its rounds at the probe interval, not at the timeout. An answer
+    that comes while no round waits, if it is Triton's StubUnhealthy verdict, goes to `on_final`.
+    """
+
+    def __init__(self, *, interval_s: float, on_final: Callable[[str, StubUnhealthy], None],
+                 listen_s: float = LATE_ANSWER_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval_s = interval_s
+        self._on_final = on_final
+        self._listen_s = listen_s
+        self._clock = clock
+        self._open: dict[str, _OpenRequest] = {}
+
+    def unanswered_for(self, model: str) -> float | None:
+        """Seconds the model's open request has waited, or None when none is open."""
+        request = self._open.get(model)
+        if request is None or request.task.done():
+            return None
+        return self._clock() - request.sent_at
+
+    async def infer(self, triton: TritonClient, case: GoldenCase, timeout_s: float) -> InferOutcome:
+        request = self._open.get(case.model)
+        if request is not None and not request.task.done():
+            deadline = request.sent_at + timeout_s + request.rounds * self._interval_s
+            request.rounds += 1
+            return await self._wait(case.model, request, deadline)
+        request = _OpenRequest(asyncio.ensure_future(triton.infer_case(case, timeout_s=self._listen_s)),
+                               self._clock())
+        self._open[case.model] = request
+        request.task.add_done_callback(lambda t: self._answered(case.model, request))
+        return await self._wait(case.model, request, request.sent_at + timeout_s)
+
+    async def _wait(self, model: str, request: _OpenRequest, deadline: float) -> InferOutcome:
+        request.awaited = True
+        try:
+            async with asyncio.timeout(max(0.0, deadline - self._clock())):
+                return await asyncio.shield(request.task)
+        except TimeoutError:
+            if request.rounds == 1:
+                raise TritonTimeout("no answer within the time limit") from None
+            raise StillUnanswered(f"the golden request sent {self._clock() - request.sent_at:.1f} s ago "
+                                  "still has no answer") from None
+        except asyncio.CancelledError:
+            self.forget(model)  # the prober stops: nobody will listen any more
+            raise
+        finally:
+            request.awaited = False
+
+    def _answered(self, model: str, request: _OpenRequest) -> None:
+        if self._open.get(model) is request:
+            del self._open[model]
+        if request.task.cancelled() or request.awaited:
+            return
+        error = request.task.exception()
+        after_s = round(self._clock() - request.sent_at, 2)
+        if isinstance(error, StubUnhealthy):
+            log.warning("probe_late_answer", model=model, after_s=after_s, cause=error.message)
+            self._on_final(model, error)
+        else:
+            log.info("probe_late_answer", model=model, after_s=after_s,
+                     cause="answered" if error is None else str(error))
+
+    def forget(self, model: str) -> None:
+        """Stop listening for the model's open request (its instance was just replaced)."""
+        request = self._open.pop(model, None)
+        if request is not None:
+            request.task.cancel()
+
+    async def close(self) -> None:
+        tasks = [request.task for request in self._open.values()]
+        self._open.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def probe_model(
     triton: TritonClient, model: str, cases: Sequence[GoldenCase], *, timeout_s: float,
-    stop_at_first_failure: bool = False,
+    stop_at_first_failure: bool = False, late: LateAnswers | None = None,
 ) -> RoundResult:
     """Run one probe round against a model and say what passed and what did not. The sidecar stops
     at the first failed case (one is enough to judge, and a sick model need not be hit more); the
-    `check` command runs every case to report them all."""
+    `check` command runs every case to report them all. With `late`, a golden request that outlives
+    `timeout_s` is kept open for Triton's late verdict; without, it is cancelled."""
     started = time.time()
     results: list[ProbeResult] = []
 
@@ -90,10 +211,15 @@ async def probe_model(
         timer = _Timer()
         try:
             problem = await call
+        except TritonTimeout:
+            result = ProbeResult(probe, False, timer.elapsed, f"no answer within {timeout_s:g} s", case, True)
+        except StillUnanswered as e:
+            result = ProbeResult(probe, False, timer.elapsed, str(e), case, timed_out=True)
         except TritonUnavailable as e:
-            timed_out = "time limit" in str(e)
-            detail = f"no answer within {timeout_s:g} s" if timed_out else f"Triton unreachable: {e}"
-            result = ProbeResult(probe, False, timer.elapsed, detail, case, timed_out)
+            result = ProbeResult(probe, False, timer.elapsed, f"Triton unreachable: {e}", case)
+        except StubUnhealthy as e:
+            result = ProbeResult(probe, False, timer.elapsed, f"Triton answered {e.status}: {e.message}", case,
+                                 final=True)
         except TritonError as e:
             result = ProbeResult(probe, False, timer.elapsed, f"Triton answered {e.status}: {e.message}", case)
         else:
@@ -112,7 +238,7 @@ async def probe_model(
     if not (await step(METADATA, _metadata_matches(triton, model, cases, timeout_s))).ok:
         return finish()
     for case in cases:
-        outcome = await step(GOLDEN, _golden_case(triton, case, timeout_s), case=case.name)
+        outcome = await step(GOLDEN, _golden_case(triton, case, timeout_s, late), case=case.name)
         if outcome.timed_out or (stop_at_first_failure and not outcome.ok):
             break  # a hung model would make every further case wait the full bound too
     return finish()
@@ -153,8 +279,12 @@ async def _metadata_matches(
     return None
 
 
-async def _golden_case(triton: TritonClient, case: GoldenCase, timeout_s: float) -> str | None:
-    outcome = await triton.infer_case(case, timeout_s=timeout_s)
+async def _golden_case(triton: TritonClient, case: GoldenCase, timeout_s: float,
+                       late: LateAnswers | None) -> str | None:
+    if late is None:
+        outcome = await triton.infer_case(case, timeout_s=timeout_s)
+    else:
+        outcome = await late.infer(triton, case, timeout_s)
     if case.expects_error:
         if outcome.status != case.expect_status:
             got = "a normal answer" if outcome.status == 200 else f"{outcome.status}: {outcome.error}"
@@ -192,6 +322,7 @@ class Prober:
         settings: ProbesSection,
         metrics: SidecarMetrics,
         on_unhealthy: Callable[[str], None],
+        on_stub_dead: Callable[[str], None] = lambda model: None,
         rng: random.Random | None = None,
     ) -> None:
         self._triton = triton
@@ -200,6 +331,8 @@ class Prober:
         self._settings = settings
         self._metrics = metrics
         self._on_unhealthy = on_unhealthy
+        self._on_stub_dead = on_stub_dead
+        self._late = LateAnswers(interval_s=settings.interval_s, on_final=self._late_verdict)
         self._rng = rng or random.Random()  # noqa: S311 - schedule jitter, not secrets
         self._wake: dict[str, asyncio.Event] = {}
         self.records: dict[str, ProbeRecord] = {}
@@ -212,6 +345,13 @@ class Prober:
     def reconfigure(self, settings: ProbesSection) -> None:
         """Settings from a reloaded config: used from each model's next wait and round on."""
         self._settings = settings
+
+    def unanswered_for(self, model: str) -> float | None:
+        """Seconds the model's last golden request has gone unanswered past its probe, or None."""
+        return self._late.unanswered_for(model)
+
+    async def close(self) -> None:
+        await self._late.close()
 
     def probe_soon(self, model: str) -> None:
         """Run the model's next round now instead of after its interval (passive signals)."""
@@ -226,7 +366,7 @@ class Prober:
     async def run_round(self, model: str) -> RoundResult:
         """One round, recorded in metrics and /status, but not applied to the state machine."""
         result = await probe_model(self._triton, model, self.cases_for(model), timeout_s=self._settings.timeout_s,
-                                   stop_at_first_failure=True)
+                                   stop_at_first_failure=True, late=self._late)
         record = self.records.setdefault(model, ProbeRecord())
         record.last_round, record.rounds = result, record.rounds + 1
         for probe in result.results:
@@ -236,16 +376,40 @@ class Prober:
         self.last_tick = time.monotonic()
         return result
 
+    async def verify_round(self, model: str) -> RoundResult:
+        """The healer's proof after a reload: a request still open on the replaced instance says
+        nothing about the new one, so it is dropped first."""
+        self._late.forget(model)
+        return await self.run_round(model)
+
     def apply_round(self, model: str, result: RoundResult) -> None:
         if not result.conclusive:
             return  # Triton itself is down: the liveness grace handles that, not the healer
         if result.ok:
             self._states.apply(model, lambda h, now: h.probe_passed(now))
-        else:
-            failed = next(r for r in result.results if not r.ok)
-            log.warning("probe_failed", model=model, probe=failed.probe, case=failed.case or None,
-                        cause=result.cause, duration_ms=round(failed.duration_s * 1000, 1))
-            self._states.apply(model, lambda h, now: h.probe_failed(result.cause, now))
+            self._judged(model)
+            return
+        failed = next(r for r in result.results if not r.ok)
+        log.warning("probe_failed", model=model, probe=failed.probe, case=failed.case or None, final=result.final,
+                    cause=result.cause, duration_ms=round(failed.duration_s * 1000, 1))
+        self._failed(model, result.cause, final=result.final)
+
+    def _late_verdict(self, model: str, error: StubUnhealthy) -> None:
+        """Triton's verdict on a request whose probe had given up: judged as if the round had seen it."""
+        health = self._states.get(model)
+        if health is None or health.state in (ModelState.HEALING, ModelState.FAILED):
+            self._on_stub_dead(model)  # a heal under way still learns not to wait for the unload
+            return
+        self._failed(model, f"golden request, answered late: Triton answered {error.status}: {error.message}",
+                     final=True)
+
+    def _failed(self, model: str, cause: str, *, final: bool) -> None:
+        if final:
+            self._on_stub_dead(model)
+        self._states.apply(model, lambda h, now: h.probe_failed(cause, now, final=final))
+        self._judged(model)
+
+    def _judged(self, model: str) -> None:
         health = self._states.get(model)
         assert health is not None
         self._metrics.consecutive_failures.labels(model=model).set(health.consecutive_failures)

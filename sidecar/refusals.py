@@ -109,13 +109,15 @@ class UpstreamFailure(Exception):
     """A proxied call to Triton that did not give a usable answer, as either front saw it.
 
     `status` is Triton's HTTP status for SERVER_ERROR (0 when the answer came over gRPC) and
-    `detail` the transport's or Triton's own words, cut short."""
+    `detail` the transport's or Triton's own words, cut short. `stub_dead`: the front found Triton's
+    answer to be its verdict that the model instance's stub died (sidecar.triton.StubUnhealthy)."""
 
-    def __init__(self, kind: FailureKind, detail: str = "", *, status: int = 0) -> None:
+    def __init__(self, kind: FailureKind, detail: str = "", *, status: int = 0, stub_dead: bool = False) -> None:
         super().__init__(detail or kind.value)
         self.kind = kind
         self.detail = detail
         self.status = status
+        self.stub_dead = stub_dead
 
 
 def cut(text: str, limit: int = 120) -> str:

@@ -8,7 +8,7 @@ Each front (HTTP in sidecar.http_front, gRPC in sidecar.grpc_front) only decodes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -23,7 +23,7 @@ from sidecar.signals import PassiveSignals
 from sidecar.specs import FetchDocument, SpecCache
 from sidecar.states import ModelStates
 from sidecar.telemetry import RequestContext, RequestTelemetry
-from sidecar.validation import Limits, ModelSpec, load_request_rules
+from sidecar.validation import Limits, ModelSpec, RequestRules, load_schemas
 
 AnswerT = TypeVar("AnswerT")
 
@@ -68,18 +68,20 @@ class ServingCore:
 
     def __init__(self, config: SidecarConfig, *, states: ModelStates, metrics: SidecarMetrics,
                  fetch_document: FetchDocument, cases_for: Callable[[str], Sequence[GoldenCase]],
-                 note_triton_error: Callable[[str, str], None], probe_soon: Callable[[str], None],
-                 mark_unreachable: Callable[[str], None]) -> None:
+                 note_stub_dead: Callable[[str], None], probe_soon: Callable[[str], None],
+                 mark_unreachable: Callable[[str], None],
+                 rules: Mapping[str, RequestRules] | None = None) -> None:
         self.config = config
         self.settings = config.proxy
         self.filter = OutputFilter(config.filtering.rules)
         self.admission = Admission(states=states, settings=config.proxy, metrics=metrics)
-        # JSON Schemas are compiled once, here; a bad file stops the start (ConfigError names it).
-        rules = {model: load_request_rules(path) for model, path in config.validation.schemas.items()}
+        # JSON Schemas are compiled once, at start; a bad file stops the start (ConfigError names it).
+        if rules is None:
+            rules = load_schemas(config.validation)
         self.specs = SpecCache(fetch=fetch_document, states=states, limits=Limits.from_settings(config.validation),
                                output_filter=self.filter, rules=rules, retry_after_s=config.proxy.retry_after_s)
         self.signals = PassiveSignals(states=states, failure_threshold=config.proxy.passive_failure_threshold,
-                                      note_triton_error=note_triton_error, probe_soon=probe_soon)
+                                      note_stub_dead=note_stub_dead, probe_soon=probe_soon)
         self.telemetry = RequestTelemetry(metrics=metrics,
                                           access_log_sample_rate=config.logging.access_log_sample_rate)
         self._cases_for = cases_for
@@ -159,7 +161,7 @@ class ServingCore:
         first: a broken one raises ConfigError and nothing changes. Triton's URL and the proxy's
         settings are start-up only (the reload keeps them), so breakers and admission stay."""
         output_filter = OutputFilter(config.filtering.rules)
-        rules = {model: load_request_rules(path) for model, path in config.validation.schemas.items()}
+        rules = load_schemas(config.validation)
         self.config = config
         self.filter = output_filter
         self.specs.reconfigure(limits=Limits.from_settings(config.validation), output_filter=output_filter,
@@ -194,5 +196,5 @@ class ServingCore:
                               model=model, before_triton=False)
             cause = refusal.message
         if signal and model:
-            self.signals.upstream_failed(model, cause)
+            self.signals.upstream_failed(model, cause, stub_dead=failure.stub_dead)
         return refusal

@@ -3,8 +3,8 @@
 Consecutive Triton failures, or a NaN/Inf answer that the model's golden files do not expect, bring
 the model's next probe round forward, so a fault seen by traffic is judged in milliseconds rather
 than at the next probe interval. Under load a dead stub makes probes time out behind queued
-requests; clients' answers still carry Triton's own diagnosis, which the healer is told about so
-that it does not wait for an unload that never finishes.
+requests; clients' answers still carry Triton's own diagnosis (the front types it: `stub_dead`),
+which the healer is told about so that it does not wait for an unload that never finishes.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ log = structlog.get_logger("sidecar.signals")
 
 class PassiveSignals:
     def __init__(self, *, states: ModelStates, failure_threshold: int,
-                 note_triton_error: Callable[[str, str], None], probe_soon: Callable[[str], None]) -> None:
+                 note_stub_dead: Callable[[str], None], probe_soon: Callable[[str], None]) -> None:
         self._threshold = failure_threshold
-        self._note_triton_error = note_triton_error
+        self._note_stub_dead = note_stub_dead
         self._probe_soon = probe_soon
         self._failures: collections.Counter[str] = collections.Counter()
         states.add_listener(self._on_transition)
@@ -31,8 +31,9 @@ class PassiveSignals:
     def _on_transition(self, t: Transition) -> None:
         self._failures[t.model] = 0
 
-    def upstream_failed(self, model: str, cause: str) -> None:
-        self._note_triton_error(model, cause)
+    def upstream_failed(self, model: str, cause: str, *, stub_dead: bool = False) -> None:
+        if stub_dead:
+            self._note_stub_dead(model)
         self._failures[model] += 1
         if self._failures[model] >= self._threshold:
             self._failures[model] = 0

@@ -4,6 +4,8 @@
                                                                HEALING -> FAILED (healing exhausted)
 
 DEGRADED means "failed fewer than failure_threshold rounds in a row": still served, still ready.
+A failure Triton itself declares final (a dead python stub) skips the threshold: no further round
+can pass before a reload, so counting them only delays the heal.
 FAILED is terminal for this process: only a restart (kubelet, via /healthz) moves on from it.
 """
 
@@ -89,14 +91,15 @@ class ModelHealth:
             return self._move(ModelState.HEALTHY, f"probes passed {self.consecutive_successes} time(s) in a row", now)
         return None
 
-    def probe_failed(self, cause: str, now: float) -> Transition | None:
+    def probe_failed(self, cause: str, now: float, *, final: bool = False) -> Transition | None:
+        """`final`: Triton said the fault lasts until a reload (see the module docstring)."""
         if self.state in (ModelState.HEALING, ModelState.FAILED):
             return None
         self.consecutive_successes = 0
         self.consecutive_failures += 1
         if self.first_failure_at is None:
             self.first_failure_at = now
-        if self.consecutive_failures >= self.failure_threshold:
+        if final or self.consecutive_failures >= self.failure_threshold:
             return self._move(ModelState.UNHEALTHY, cause, now)
         if self.state in (ModelState.UNKNOWN, ModelState.WARMING):
             # Still warming up: not served yet, so nothing to degrade; keep counting.

@@ -1,8 +1,11 @@
 """The boundary to Triton's HTTP API, through `tritonclient.http.aio`.
 
 Everything the probes and the healer ask Triton goes through `TritonClient`; every failure comes out
-as one of two exceptions: `TritonUnavailable` (no answer: refused, reset, timed out) or `TritonError`
-(an answer, but not a good one, with its HTTP status and Triton's message).
+as one of two exceptions: `TritonUnavailable` (no answer: refused, reset, or `TritonTimeout`) or
+`TritonError` (an answer, but not a good one, with its HTTP status and Triton's message).
+
+Triton's own diagnosis is a type, decided here and nowhere else: `StubUnhealthy` when Triton declares a
+model instance's python-backend stub dead. Callers branch on the type, never on Triton's wording.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ class TritonUnavailable(Exception):
     """Triton did not answer: connection refused or reset, or no answer within the bound."""
 
 
+class TritonTimeout(TritonUnavailable):
+    """No answer within the call's time limit (the connection itself was fine)."""
+
+
 class TritonError(Exception):
     """Triton answered with an error status."""
 
@@ -37,6 +44,20 @@ class TritonError(Exception):
         super().__init__(f"[{status}] {message}")
         self.status = status
         self.message = message
+
+
+class StubUnhealthy(TritonError):
+    """Triton declares the model instance's python-backend stub process dead. Final: every request to
+    that instance fails until it is reloaded, and the instance never finishes unloading once requests
+    reached it (it holds no memory any more)."""
+
+
+def triton_error(status: int, message: str) -> TritonError:
+    """The error for an answer of Triton's, typed by what Triton says it is. Triton 2.51's python
+    backend answers 500 "Stub process 'NAME_0_0' is not healthy." about a second after its stub died."""
+    if "Stub process" in message and "is not healthy" in message:
+        return StubUnhealthy(status, message)
+    return TritonError(status, message)
 
 
 @dataclass(frozen=True)
@@ -59,10 +80,10 @@ def _translate(e: BaseException) -> Exception:
         except ValueError:
             status = 0
         if status:
-            return TritonError(status, _cut(str(e.message())))
+            return triton_error(status, _cut(str(e.message())))
         return TritonUnavailable(_cut(str(e.message())))
     if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
-        return TritonUnavailable("no answer within the time limit")
+        return TritonTimeout("no answer within the time limit")
     return TritonUnavailable(_cut(f"{type(e).__name__}: {e}"))
 
 
@@ -130,7 +151,9 @@ class TritonClient:
         await self._call(self._client.unload_model(model, headers=self._repository_headers or None), timeout_s)
 
     async def infer_case(self, case: GoldenCase, timeout_s: float | None = None) -> InferOutcome:
-        """Send the case's request as JSON, as a client would, and collect the answer."""
+        """Send the case's request as JSON, as a client would, and collect the answer: an error status
+        is an outcome (golden error cases expect one), except Triton's verdict that the instance is
+        dead, which no golden case expects: that raises StubUnhealthy."""
         body, headers = self._request_body(case)
         path = f"v2/models/{quote(case.model)}" + (f"/versions/{case.version}" if case.version else "") + "/infer"
 
@@ -138,7 +161,10 @@ class TritonClient:
             async with self._session().post(f"{self.url}/{path}", data=body, headers=headers) as response:
                 raw = await response.read()
                 if response.status != 200:
-                    return InferOutcome(status=response.status, error=_error_message(raw))
+                    error = triton_error(response.status, _error_message(raw))
+                    if isinstance(error, StubUnhealthy):
+                        raise error
+                    return InferOutcome(status=response.status, error=error.message)
                 length = response.headers.get("Inference-Header-Content-Length")
                 try:
                     result = triton_aio.InferenceServerClient.parse_response_body(

@@ -33,7 +33,7 @@ import numpy as np
 import rapidjson
 
 from sidecar.config import ConfigError, ValidationSection
-from sidecar.golden import FLOAT_DATATYPES
+from sidecar.golden import FLOAT_DATATYPES, json_path, short_message
 from sidecar.refusals import Reason, Refusal
 
 # ---- reasons: the `reason` field of a refusal and the label of proxy_rejections --------------------
@@ -174,27 +174,47 @@ _TENSOR_RULE_SCHEMA: dict[str, Any] = {
 }
 
 
-def load_request_rules(path: Path | str) -> RequestRules:
-    """Read and compile one model's schema file once at start-up; ConfigError names the file."""
+def load_schemas(section: ValidationSection) -> dict[str, RequestRules]:
+    """Every model's request schema, by model: what start-up loads, and what `validate` checks."""
+    return {model: load_request_rules(path, model=model) for model, path in section.schemas.items()}
+
+
+#: The one draft request schemas are applied as; a file that declares another would be misread.
+DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
+
+
+def load_request_rules(path: Path | str, *, model: str) -> RequestRules:
+    """Read and compile one model's schema file once at start-up; ConfigError names the file and the
+    key (`validation.schemas.<model>`, or the JSON path inside the file). `triton-sidecar validate`
+    calls this very function, so a file it passes is one the sidecar starts with."""
     path = Path(path)
+    key = f"validation.schemas.{model}"
     try:
         raw = json.loads(path.read_text())
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read the request schema: {e.strerror}") from e
+        raise ConfigError(f"{path}: cannot read the request schema for {model} ({key}): {e.strerror}") from e
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: request schema is not valid JSON (line {e.lineno}): {e.msg}") from e
+        raise ConfigError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg} ({key})") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON: not UTF-8 text ({key})") from e
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: a request schema must be a JSON object")
-    try:
-        jsonschema.Draft202012Validator.check_schema(raw)
-    except jsonschema.SchemaError as e:
-        where = "/".join(str(p) for p in e.absolute_path) or "(top level)"
-        raise ConfigError(f"{path}: not a valid Draft 2020-12 schema at {where}: {_echo(e.message)}") from e
+        raise ConfigError(f"{path}: a request schema is a JSON object, got {type(raw).__name__} ({key})")
+    declared = raw.get("$schema")
+    if declared is not None and str(declared).rstrip("#") != DRAFT_2020_12:
+        raise ConfigError(f"{path}: at $.$schema: declares {_echo(declared)!r}, but request schemas are applied "
+                          f"as Draft 2020-12 ({DRAFT_2020_12})")
+    meta = jsonschema.Draft202012Validator(jsonschema.Draft202012Validator.META_SCHEMA,
+                                           format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    # The deepest error first: the meta-schema's own complaint about a top-level anyOf says less.
+    error = next(iter(sorted(meta.iter_errors(raw), key=lambda err: [str(p) for p in err.absolute_path])), None)
+    if error is not None:
+        raise ConfigError(f"{path}: at {json_path(error.absolute_path)}: not a valid Draft 2020-12 schema: "
+                          f"{short_message(error.message)}")
     tensors_raw = raw.get("x-tensors", {})
     error = next(iter(jsonschema.Draft202012Validator(_TENSOR_RULE_SCHEMA).iter_errors(tensors_raw)), None)
     if error is not None:
-        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise ConfigError(f"{path}: x-tensors at {where}: {_echo(error.message)}")
+        raise ConfigError(f"{path}: at {json_path(error.absolute_path, '$.x-tensors')}: "
+                          f"{short_message(error.message)}")
     if _mentions_data(raw):
         raise ConfigError(
             f"{path}: the schema constrains tensor 'data'; tensor values are not walked through JSON Schema "

@@ -76,8 +76,8 @@ async def sidecars() -> AsyncIterator[list[RunningSidecar]]:
 
 @pytest.fixture
 def start(sidecars: list[RunningSidecar]):  # type: ignore[no-untyped-def]
-    async def _start(config, config_path=None):  # type: ignore[no-untyped-def]
-        running = await start_sidecar(config, config_path)
+    async def _start(config, **options):  # type: ignore[no-untyped-def]
+        running = await start_sidecar(config, **options)
         sidecars.append(running)
         return running
 

@@ -26,6 +26,7 @@ from sidecar.config import SidecarConfig, load_config
 from sidecar.golden import load_golden_dir
 from sidecar.http_listener import SidecarListener
 from sidecar.states import ModelState, Transition
+from sidecar.triton import TritonClient
 from sidecar.tritonserver import LocalTriton, stub_pids
 
 REPO = Path(__file__).resolve().parent.parent
@@ -196,9 +197,13 @@ class RunningSidecar:
                     None)
 
 
-async def start_sidecar(config: SidecarConfig, config_path: Path | None = None) -> RunningSidecar:
+async def start_sidecar(config: SidecarConfig, *, config_path: Path | None = None,
+                        triton: TritonClient | None = None) -> RunningSidecar:
+    """`config_path`: the file to watch for reloads; `triton`: a client of the test's own (it closes
+    it); by default the app makes and closes one."""
     registry = CollectorRegistry()
-    app = create_app(config, registry=registry, golden=load_golden_dir(config.golden_dir), config_path=config_path)
+    app = create_app(config, registry=registry, golden=load_golden_dir(config.golden_dir), triton=triton,
+                     config_path=config_path)
     running = RunningSidecar(SidecarListener(app), aiohttp.ClientSession(), registry)
     app[STATES].add_listener(running.transitions.append)
     await running.server.start("127.0.0.1", 0)

@@ -497,15 +497,16 @@ def test_validate_reports_every_problem_not_only_the_first(tmp_path, capsys, no_
         f"{tmp_path / 'sidecar.yaml'}: unknown key 'probes.intervall_s'",
         f"{tmp_path / 'sidecar.yaml'}: key 'probes.timeout_s': -1 is less than or equal to the minimum of 0",
         f"{two}: at $.expect: Additional properties are not allowed ('outputz' was unexpected)",
-        f"{two}: at $.expect.status: 600 is greater than the maximum of 499",
+        f"{two}: at $.expect.status: 600 is greater than the maximum of 501",
     ]:
         assert sum(line.startswith(wanted) for line in out.splitlines()) == 1, f"{wanted!r} not once in:\n{out}"
     assert out.splitlines()[-1].startswith("validate: 8 problem(s)")
 
 
 def test_validate_accepts_the_shipped_files_and_a_good_schema(tmp_path, capsys, no_sidecar_env, monkeypatch):
-    schema = tmp_path / "credit_risk.schema.yaml"
-    schema.write_text("$schema: https://json-schema.org/draft/2020-12/schema\ntype: object\nrequired: [inputs]\n")
+    schema = tmp_path / "credit_risk.schema.json"
+    schema.write_text(json.dumps({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+                                  "required": ["inputs"], "x-tensors": {"features": {"minimum": -10}}}))
     config = tmp_path / "sidecar.yaml"
     config.write_text(f"validation:\n  schemas:\n    credit_risk: {schema}\n")
     monkeypatch.chdir(REPO)  # golden_dir defaults to golden_requests, relative to the working directory
@@ -525,3 +526,37 @@ def test_validate_notes_files_the_sidecar_would_ignore(tmp_path, capsys, no_side
     assert code == 0, out
     assert f"note: {model / 'boundary.jsn'}: ignored (golden files end in .json, .yaml, .yml)" in out
     assert f"note: {tmp_path / 'golden' / 'other'}: no golden files" in out
+
+
+#: Schema files that `validate` once passed and that stopped the sidecar at start: it read YAML and
+#: never looked at `x-tensors` or at rules on tensor data, which the start-up loader refuses.
+STARTUP_REFUSED_SCHEMAS = {
+    "YAML, not JSON": ("schema.yaml", "type: object\nrequired: [inputs]\n", "not valid JSON (line 1, column 1)"),
+    "bad x-tensors rule": ("schema.json", json.dumps({"x-tensors": {"features": {"minimum": "low"}}}),
+                           "at $.x-tensors.features.minimum: 'low' is not of type 'number'"),
+    "rule on tensor data": ("schema.json", json.dumps(
+        {"properties": {"inputs": {"items": {"properties": {"data": {"items": {"maximum": 1}}}}}}}),
+        "the schema constrains tensor 'data'"),
+}
+
+
+@pytest.mark.parametrize("kind", list(STARTUP_REFUSED_SCHEMAS))
+def test_validate_refuses_a_schema_file_that_stops_the_start_with_the_same_line_as_run(
+        kind, tmp_path, capsys, no_sidecar_env):
+    name, content, complaint = STARTUP_REFUSED_SCHEMAS[kind]
+    schema = tmp_path / name
+    schema.write_text(content)
+    config = tmp_path / "sidecar.yaml"
+    config.write_text(f"golden_dir: {GOLDEN}\nvalidation:\n  schemas:\n    credit_risk: {schema}\n")
+
+    code, out, _ = run_cli(capsys, "validate", "--config", config)
+    problems = [line for line in out.splitlines() if not line.startswith(("note:", "validate:"))]
+    assert code == 2 and len(problems) == 1, out
+    assert problems[0].startswith(f"{schema}: ") and complaint in problems[0], problems[0]
+
+    # `run` refuses it before it listens or reaches Triton: the same line, exit 2.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIDECAR_")}
+    run = subprocess.run([sys.executable, "-m", "sidecar", "run", "--config", str(config)], capture_output=True,
+                         text=True, timeout=60, cwd=REPO, env=env)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip() == f"triton-sidecar: error: {problems[0]}"

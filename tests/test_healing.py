@@ -4,11 +4,14 @@ readiness drop during the heal while liveness stays up."""
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 
 import pytest
+from structlog.testing import capture_logs
 
 from sidecar.appkeys import STATES
 from sidecar.states import ModelState
+from sidecar.triton import TritonClient
 from tests.harness import (
     FAST_PROBES,
     SLACK_S,
@@ -120,3 +123,105 @@ async def test_a_model_that_keeps_breaking_after_heals_is_escalated_not_reloaded
     assert "flapping" in sidecar.app[STATES].get(model).cause
     status, _ = await sidecar.get("/healthz")
     assert status == 503
+
+
+class _LoadRaisesUnexpectedly(TritonClient):
+    """The real client to the real Triton, except that its next `times` load calls raise what no
+    step of a heal foresees. What is under test is the sidecar's own logic around that call."""
+
+    def __init__(self, url: str, *, times: int) -> None:
+        super().__init__(url, timeout_s=5.0)
+        self.times = times
+
+    async def load_model(self, model: str, timeout_s: float | None = None) -> None:
+        if self.times:
+            self.times -= 1
+            raise RuntimeError("injected: the client library failed in a way nobody foresaw")
+        await super().load_model(model, timeout_s)
+
+
+@pytest.fixture
+async def unreliable_client(triton) -> AsyncIterator[_LoadRaisesUnexpectedly]:  # type: ignore[no-untyped-def]
+    # Requested before `start`, so it is closed after the sidecar that uses it has stopped.
+    client = _LoadRaisesUnexpectedly(triton.url, times=0)
+    yield client
+    await client.close()
+
+
+@pytest.mark.parametrize("raises, outcome", [(1, ModelState.HEALTHY), (2, ModelState.FAILED)])
+async def test_an_unexpected_exception_inside_a_heal_is_logged_counted_and_retried_or_escalated(
+        raises, outcome, triton, fresh_model, unreliable_client, start):
+    sidecar = await start(sidecar_config(triton, models=[fresh_model.name], golden_dir=fresh_model.golden_dir,
+                                         healing={"max_attempts": 2}), triton=unreliable_client)
+    model = fresh_model.name
+    await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what="HEALTHY")
+    recorder = EndpointRecorder(sidecar).start()
+    unreliable_client.times = raises
+    with capture_logs() as logs:
+        fresh_model.kill_stub()
+        healing = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.HEALING), DETECT_BOUND_S + 5,
+                                 what="HEALING")
+        ended = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.HEALTHY, ModelState.FAILED,
+                                                                   after=healing.at), HEAL_BOUND_S,
+                               what="the heal to end (never stranded in HEALING)")
+    await recorder.stop()
+
+    assert ended.state_to is outcome, ended.cause
+    errors = [e for e in logs if e["event"] == "heal_error"]
+    assert len(errors) == raises and all(e["model"] == model and e["error"] == "RuntimeError" for e in errors), errors
+    assert sidecar.metric("triton_sidecar_heal_errors_total", model=model) == raises
+    assert sidecar.metric("triton_sidecar_heal_attempts_total", model=model, result="failure") == raises
+    if outcome is ModelState.HEALTHY:
+        assert sidecar.metric("triton_sidecar_heal_attempts_total", model=model, result="success") == 1
+        assert all(s == 200 for _, s in recorder.healthz), "a retried heal must not fail liveness"
+    else:
+        assert "healing exhausted after 2 attempts" in ended.cause and "RuntimeError" in ended.cause
+        assert (await sidecar.get("/healthz"))[0] == 503
+
+
+#: The probe settings of issue 12: a timeout shorter than the ~1 s Triton takes to declare a stub dead.
+ISSUE_12_PROBES = {"interval_s": 0.5, "failure_threshold": 2, "timeout_s": 1.0}
+#: Recovery bound: interval × threshold + the model's load time + this.
+RECOVERY_SLACK_S = 1.5
+
+
+@pytest.mark.parametrize("timeout_s", [1.0, 0.3])
+@pytest.mark.parametrize("fault", ["stub_killed", "hung_execute"])
+async def test_a_dead_or_hung_stub_recovers_within_the_bound_whatever_the_probe_timeout(
+        fault, timeout_s, triton, fresh_model, start):
+    # unload_timeout_s stays at its 10 s default: recovery must not come from waiting it out.
+    sidecar = await start(sidecar_config(triton, models=[fresh_model.name], golden_dir=fresh_model.golden_dir,
+                                         probes={**ISSUE_12_PROBES, "timeout_s": timeout_s},
+                                         healing={"unload_timeout_s": 10.0}))
+    model = fresh_model.name
+    await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what="HEALTHY")
+    with capture_logs() as logs:
+        injected_at = time.monotonic()
+        FAULTS[fault](fresh_model)
+        healed = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.HEALTHY, after=injected_at),
+                                HEAL_BOUND_S, what=f"{model} HEALTHY again after {fault}")
+
+    load_s = next(e["duration_ms"] for e in logs if e["event"] == "heal_ready") / 1000
+    bound = ISSUE_12_PROBES["interval_s"] * ISSUE_12_PROBES["failure_threshold"] + load_s + RECOVERY_SLACK_S
+    recovered_s = healed.at - injected_at
+    assert recovered_s <= bound, f"{fault} recovered after {recovered_s:.2f} s, bound {bound:.2f} s"
+    events = [e["event"] for e in logs]
+    assert "heal_unload_not_awaited" in events and "heal_unload_incomplete" not in events, events
+    assert sidecar.metric("triton_sidecar_heal_attempts_total", model=model, result="success") == 1
+
+
+async def test_a_stub_triton_declares_dead_skips_the_failure_threshold(triton, fresh_model, start):
+    # Five failed rounds would be needed for any other fault; Triton's verdict is final at once.
+    sidecar = await start(sidecar_config(triton, models=[fresh_model.name], golden_dir=fresh_model.golden_dir,
+                                         probes={"interval_s": 0.5, "failure_threshold": 5, "timeout_s": 0.3}))
+    model = fresh_model.name
+    await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what="HEALTHY")
+    with capture_logs() as logs:
+        fresh_model.kill_stub()
+        unhealthy = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.UNHEALTHY), 10,
+                                   what="UNHEALTHY")
+    # The probe gave up after 0.3 s; Triton's late answer ("Stub process ... is not healthy") decided.
+    late = [e for e in logs if e["event"] == "probe_late_answer"]
+    assert late and late[0]["model"] == model, [e["event"] for e in logs]
+    assert sidecar.app[STATES].get(model).consecutive_failures < 5
+    assert "answered late" in unhealthy.cause

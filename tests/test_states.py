@@ -93,3 +93,10 @@ def test_model_states_announce_each_transition_once():
     assert states.all_serving()
     states.apply("b", lambda h, t: h.fail("gone", t))
     assert states.failed() == ["b"]
+
+
+def test_a_final_failure_skips_the_threshold():
+    health = ModelHealth("m", failure_threshold=3, success_threshold=1)
+    health.probe_passed(0.0)
+    moved = health.probe_failed("Triton: the stub died", 1.0, final=True)
+    assert moved is not None and moved.state_to is ModelState.UNHEALTHY and health.consecutive_failures == 1
