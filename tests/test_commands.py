@@ -497,7 +497,7 @@ def test_validate_reports_every_problem_not_only_the_first(tmp_path, capsys, no_
         f"{tmp_path / 'sidecar.yaml'}: unknown key 'probes.intervall_s'",
         f"{tmp_path / 'sidecar.yaml'}: key 'probes.timeout_s': -1 is less than or equal to the minimum of 0",
         f"{two}: at $.expect: Additional properties are not allowed ('outputz' was unexpected)",
-        f"{two}: at $.expect.status: 600 is greater than the maximum of 499",
+        f"{two}: at $.expect.status: 600 is greater than the maximum of 501",
     ]:
         assert sum(line.startswith(wanted) for line in out.splitlines()) == 1, f"{wanted!r} not once in:\n{out}"
     assert out.splitlines()[-1].startswith("validate: 8 problem(s)")
