@@ -89,7 +89,7 @@ def create_app(
     app[TRITON] = triton
     app[WATCH] = TritonWatch(triton=triton, settings=config.probes, metrics=metrics, clock=clock)
     app[PROBER] = Prober(triton=triton, states=states, cases=app[GOLDEN], settings=config.probes,
-                         metrics=metrics, on_unhealthy=lambda model: app[HEALER].request_heal(model),
+                         metrics=metrics, on_unhealthy=lambda model: app[ROSTER].unhealthy(model),
                          on_stub_dead=lambda model: app[HEALER].note_stub_dead(model))
     app[HEALER] = Healer(triton=triton, states=states, settings=config.healing, metrics=metrics,
                          verify=app[PROBER].verify_round, unanswered_for=app[PROBER].unanswered_for)

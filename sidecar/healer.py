@@ -91,7 +91,7 @@ class Healer:
         if task is not None and not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        self._triton_errors.pop(model, None)
+        self._stub_dead_at.pop(model, None)
         self._recent_heals.pop(model, None)
 
     def is_healing(self, model: str) -> bool:

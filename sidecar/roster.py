@@ -53,6 +53,7 @@ class Roster:
         self._cases_for = cases_for
         self._forget = forget
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._deciding: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         #: True once the first list of models is known (discovery answered, or the config's list).
         self.discovered = False
@@ -64,6 +65,29 @@ class Roster:
     def sync_soon(self) -> None:
         """Look again now (a config reload may have changed `models`)."""
         self._wake.set()
+
+    def unhealthy(self, model: str) -> None:
+        """The prober judged the model UNHEALTHY. Heal it, unless it has no golden files and Triton
+        no longer has it READY: its owner unloaded it, and that must be found out before a heal
+        reloads it (the periodic sync alone would race the heal)."""
+        if self._cases_for(model) or self._config().models:
+            self._healer.request_heal(model)
+            return
+        # A task of its own: releasing ends the model's probe loop, which is where this call came from.
+        task = asyncio.create_task(self._release_or_heal(model), name=f"unhealthy:{model}")
+        self._deciding.add(task)
+        task.add_done_callback(self._deciding.discard)
+
+    async def _release_or_heal(self, model: str) -> None:
+        try:
+            index = await self._triton.repository_index()
+        except (TritonUnavailable, TritonError):
+            index = None  # cannot tell: heal, as for any model
+        if index is not None and not any(e.get("name") == model and e.get("state") == "READY" for e in index):
+            await self.release(model, "no longer READY in Triton and has no golden files: "
+                                      "taken as unloaded on purpose, not reloaded")
+            return
+        self._healer.request_heal(model)
 
     def golden_changed(self, models: Sequence[str]) -> None:
         for model in models:
@@ -153,7 +177,7 @@ class Roster:
         self._metrics.model_without_golden.labels(model=model).set(0 if self._cases_for(model) else 1)
 
     async def close(self) -> None:
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *self._deciding]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

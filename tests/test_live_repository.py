@@ -351,7 +351,7 @@ async def test_a_model_removed_from_the_configured_models_stops_being_guarded(tr
     settings = sidecar_settings(triton, models=["credit_risk", "image_classifier"], golden_dir=golden,
                                 probes=dict(FAST_PROBES))
     path.write_text(yaml.safe_dump(settings))
-    sidecar = await start(load_config(path, environ={}), path)
+    sidecar = await start(load_config(path, environ={}), config_path=path)
     await wait_for(lambda: sidecar.app[ROSTER].models == ["credit_risk", "image_classifier"], 20, what="both guarded")
 
     path.write_text(yaml.safe_dump({**settings, "models": ["credit_risk"],
