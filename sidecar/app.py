@@ -28,6 +28,7 @@ from sidecar.appkeys import (
     STATES,
     TRITON,
     UPSTREAM,
+    UPSTREAM_POOL,
     WATCH,
 )
 from sidecar.config import SidecarConfig
@@ -40,6 +41,7 @@ from sidecar.probes import Prober, TritonWatch
 from sidecar.serving import ServingCore
 from sidecar.states import ModelStates, Transition
 from sidecar.triton import TritonClient, TritonError, TritonUnavailable
+from sidecar.upstream import UpstreamPool
 
 log = structlog.get_logger("sidecar.app")
 
@@ -83,6 +85,7 @@ def create_app(
         config, states=states, metrics=metrics, fetch_document=document_fetcher(app),
         cases_for=app[PROBER].cases_for, note_triton_error=app[HEALER].note_triton_error,
         probe_soon=app[PROBER].probe_soon, mark_unreachable=app[WATCH].mark_unreachable)
+    app[UPSTREAM_POOL] = UpstreamPool(config.triton.url, connect_timeout_s=config.proxy.connect_timeout_s)
     app.cleanup_ctx.append(_upstream_session)
     app.cleanup_ctx.append(_monitors)
     app.router.add_get("/healthz", healthz)
@@ -145,13 +148,17 @@ async def _count_in_flight(request: web.Request, handler: Any) -> web.StreamResp
 
 
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
-    """One pooled HTTP session to Triton for proxied traffic and metrics scrapes."""
+    """One pooled HTTP session to Triton for documents and metrics scrapes; at exit it and the
+    inference connection pool are closed."""
     proxy = app[CONFIG].proxy
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(total=proxy.upstream_timeout_s, connect=proxy.connect_timeout_s)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
-        app[UPSTREAM] = session
-        yield
+    try:
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
+            app[UPSTREAM] = session
+            yield
+    finally:
+        await app[UPSTREAM_POOL].close()
 
 
 async def _monitors(app: web.Application) -> AsyncIterator[None]:

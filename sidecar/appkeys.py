@@ -13,6 +13,7 @@ from sidecar.probes import Prober, TritonWatch
 from sidecar.serving import ServingCore
 from sidecar.states import ModelStates
 from sidecar.triton import TritonClient
+from sidecar.upstream import UpstreamPool
 
 CONFIG = web.AppKey("config", SidecarConfig)
 TRITON = web.AppKey("triton", TritonClient)
@@ -24,7 +25,9 @@ WATCH = web.AppKey("watch", TritonWatch)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 #: Golden cases by model name, loaded and validated once at start-up.
 GOLDEN = web.AppKey("golden", dict)
-#: One pooled HTTP session to Triton for proxied traffic and metrics scrapes.
+#: One pooled HTTP session to Triton for documents (metadata, config, readiness) and metrics scrapes.
 UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
+#: Keep-alive connections to Triton for proxied inferences (the hot path, both listeners).
+UPSTREAM_POOL = web.AppKey("upstream_pool", UpstreamPool)
 #: The serving core shared by the HTTP and gRPC fronts (admission, specs, breakers, signals, telemetry).
 SERVING = web.AppKey("serving", ServingCore)
