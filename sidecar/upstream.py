@@ -154,7 +154,7 @@ class _Connection(asyncio.Protocol):
         """Write one request; False when nothing of it went out (the first write failed at once)."""
         transport = self.transport
         assert transport is not None and self._waiter is None
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = self._pool.loop.create_future()
         self._headers_done = self._until_eof = False
         if len(body) <= _JOIN_LIMIT:
             transport.write(head + body)
@@ -212,6 +212,9 @@ class UpstreamPool:
         self.connect_timeout_s = connect_timeout_s
         self.max_idle = max_idle
         self.idle_timeout_s = idle_timeout_s
+        #: The loop of the first request; the pool is one loop's (asyncio.get_running_loop() is a
+        #: getpid() system call each time, a measurable share of a request).
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self._idle: collections.deque[_Connection] = collections.deque()
         self._open: set[_Connection] = set()
         self._closed = False
@@ -238,7 +241,9 @@ class UpstreamPool:
         if self._closed:
             raise UpstreamUnreachable("the connection pool to Triton is closed")
         head = self._head(method, path, headers, body)
-        loop = asyncio.get_running_loop()
+        loop = self.loop
+        if loop is None:
+            loop = self.loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         for attempt in (1, 2):
             connection = self._idle_connection(loop.time())
@@ -301,7 +306,7 @@ class UpstreamPool:
         return None
 
     async def _connect(self, deadline: float) -> _Connection:
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         bound = min(self.connect_timeout_s, max(deadline - loop.time(), 0.0))
         try:
             async with asyncio.timeout(bound):
