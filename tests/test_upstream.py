@@ -175,16 +175,20 @@ class TinyServer:
 
     async def read_request(self, reader: asyncio.StreamReader) -> bytes | None:
         """One request's body, None when the client closed the connection."""
-        head = await reader.readuntil(b"\r\n\r\n") if not reader.at_eof() else b""
-        if not head:
-            return None
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionResetError):
+            return None  # closed (the pool aborts: a reset) between requests
         self.requests += 1
         length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                        if line.lower().startswith(b"content-length:")), 0)
         return await reader.readexactly(length)
 
     async def wait_closed_by_client(self, reader: asyncio.StreamReader) -> None:
-        assert await reader.read() == b""
+        try:
+            assert await reader.read() == b""
+        except ConnectionResetError:
+            pass  # aborted: as closed as it gets
         self.closed_by_client += 1
 
 
@@ -341,3 +345,53 @@ async def test_nobody_listening_is_unreachable(pools):
     pool = _pool(pools, f"http://127.0.0.1:{free_port()}")
     with pytest.raises(UpstreamUnreachable, match="cannot connect"):
         await pool.request("POST", "/a", {}, b"{}", timeout_s=5)
+
+
+async def test_a_connect_that_hangs_times_out_within_the_connect_bound(pools):
+    # A listener whose accept queue is full: Linux drops further SYNs, so connect() hangs.
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(3):
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+            fillers.append(filler)
+        pool = UpstreamPool(f"http://127.0.0.1:{port}", connect_timeout_s=0.3)
+        pools.append(pool)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(TimeoutError, match="no connection"):
+            await pool.request("POST", "/a", {}, b"{}", timeout_s=30)
+        assert loop.time() - started < 2.0  # the connect bound, not the 30 s total
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+
+
+async def test_idle_connections_are_capped_and_expire(pools):
+    async def keep_answering(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (body := await server.read_request(reader)) is not None:
+            if body == b"slow":
+                await gate.wait()
+            writer.write(_answer(b"{}"))
+        server.closed_by_client += 1
+
+    gate = asyncio.Event()
+    async with TinyServer(keep_answering) as server:
+        pool = UpstreamPool(server.url, connect_timeout_s=1.0, max_idle=1)
+        pools.append(pool)
+        burst = [asyncio.create_task(pool.request("POST", "/a", {}, b"slow", timeout_s=5)) for _ in range(3)]
+        await wait_for(lambda: server.requests == 3, 5, what="three requests in flight")
+        gate.set()
+        assert [a.status for a in await asyncio.gather(*burst)] == [200] * 3
+        # Three connections carried the burst; one is kept, the other two are closed.
+        assert (pool.connections_opened, pool.idle) == (3, 1)
+        await wait_for(lambda: server.closed_by_client == 2, 2, what="the two extra connections closed")
+        # An idle connection past its time is closed and replaced, never used.
+        pool.idle_timeout_s = 0.0
+        assert (await pool.request("POST", "/a", {}, b"{}", timeout_s=5)).status == 200
+        assert (pool.connections_opened, pool.reused) == (4, 0)
+        await wait_for(lambda: server.closed_by_client == 3, 2, what="the expired connection closed")
