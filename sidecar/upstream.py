@@ -327,7 +327,10 @@ class UpstreamPool:
     def _release(self, connection: _Connection, now: float) -> None:
         """Back to the idle stack when it may carry another request, else closed."""
         transport = connection.transport
-        if connection.closed or self._closed or transport is None or transport.is_closing():
+        if (connection.closed or self._closed or transport is None or transport.is_closing()
+                or transport.get_write_buffer_size()):
+            # Still writing a body Triton answered before reading it all: the next request's bytes
+            # would follow the rest of that body, so the connection is not reused.
             connection.abort()
             return
         idle = self._idle
