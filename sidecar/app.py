@@ -32,6 +32,7 @@ from sidecar.appkeys import (
     STATES,
     TRITON,
     UPSTREAM,
+    UPSTREAM_POOL,
     WATCH,
 )
 from sidecar.config import SidecarConfig
@@ -47,6 +48,7 @@ from sidecar.roster import Roster
 from sidecar.serving import ServingCore
 from sidecar.states import ModelStates, Transition
 from sidecar.triton import TritonClient
+from sidecar.upstream import UpstreamPool
 from sidecar.validation import load_schemas
 
 log = structlog.get_logger("sidecar.app")
@@ -100,6 +102,7 @@ def create_app(
     app[ROSTER] = Roster(triton=triton, states=states, prober=app[PROBER], healer=app[HEALER], metrics=metrics,
                          config=lambda: app[LIVE].config, cases_for=store.cases_for,
                          forget=app[SERVING].forget_model)
+    app[UPSTREAM_POOL] = UpstreamPool(config.triton.url, connect_timeout_s=config.proxy.connect_timeout_s)
     app.cleanup_ctx.append(_upstream_session)
     app.cleanup_ctx.append(_monitors)
     # Last in, first out: the gRPC server stops (and drains) before the monitors and sessions.
@@ -164,13 +167,17 @@ async def _count_in_flight(request: web.Request, handler: Any) -> web.StreamResp
 
 
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
-    """One pooled HTTP session to Triton for proxied traffic and metrics scrapes."""
+    """One pooled HTTP session to Triton for documents and metrics scrapes; at exit it and the
+    inference connection pool are closed."""
     proxy = app[CONFIG].proxy
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     timeout = aiohttp.ClientTimeout(total=proxy.upstream_timeout_s, connect=proxy.connect_timeout_s)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
-        app[UPSTREAM] = session
-        yield
+    try:
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
+            app[UPSTREAM] = session
+            yield
+    finally:
+        await app[UPSTREAM_POOL].close()
 
 
 async def _monitors(app: web.Application) -> AsyncIterator[None]:

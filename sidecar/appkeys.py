@@ -15,6 +15,7 @@ from sidecar.roster import Roster
 from sidecar.serving import ServingCore
 from sidecar.states import ModelStates
 from sidecar.triton import TritonClient
+from sidecar.upstream import UpstreamPool
 
 #: The configuration the process started with: what only a restart changes (listen, triton, proxy,
 #: logging, golden_dir) is read here. Settings that reload are read from LIVE.
@@ -32,7 +33,9 @@ WATCH = web.AppKey("watch", TritonWatch)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 #: Golden cases by model name: the mapping a reload updates (LIVE.golden.cases), one tuple per model.
 GOLDEN = web.AppKey("golden", dict)
-#: One pooled HTTP session to Triton for proxied traffic and metrics scrapes.
+#: One pooled HTTP session to Triton for documents (metadata, config, readiness) and metrics scrapes.
 UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
+#: Keep-alive connections to Triton for proxied inferences (the hot path, both listeners).
+UPSTREAM_POOL = web.AppKey("upstream_pool", UpstreamPool)
 #: The serving core shared by the HTTP and gRPC fronts (admission, specs, breakers, signals, telemetry).
 SERVING = web.AppKey("serving", ServingCore)

@@ -27,13 +27,14 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from sidecar.admission import UNKNOWN_LABEL
-from sidecar.appkeys import LIFECYCLE, SERVING, STATES, UPSTREAM, WATCH
+from sidecar.appkeys import LIFECYCLE, SERVING, STATES, UPSTREAM, UPSTREAM_POOL, WATCH
 from sidecar.filtering import hide_in_config, hide_in_metadata, screen_infer_response
 from sidecar.refusals import FailureKind, Reason, Refusal, UpstreamFailure, cut
 from sidecar.serving import OutputPolicy, Screened, ServingCore
 from sidecar.specs import FetchDocument, triton_error_message
 from sidecar.telemetry import HTTP, RequestContext
 from sidecar.triton import StubUnhealthy, triton_error
+from sidecar.upstream import UpstreamDropped, UpstreamError, UpstreamPool, UpstreamUnreachable
 from sidecar.validation import ModelSpec, validate_infer_request
 
 log = structlog.get_logger("sidecar.proxy")
@@ -46,6 +47,9 @@ ENCODINGS = frozenset({"", "identity", "gzip", "deflate", "br", "zstd"})
 _JSON_TYPES = frozenset({"", "application/json", "application/octet-stream"})
 #: Headers passed on to Triton; everything else (auth, cookies, the repository token) stays here.
 _FORWARDED_HEADERS = ("traceparent", "tracestate")
+#: Headers of Triton's infer answer the front reads: (name as passed on, lower-cased as parsed).
+_KEPT_ANSWER_HEADERS = (("Content-Type", "content-type"),
+                        ("Inference-Header-Content-Length", "inference-header-content-length"))
 #: v2 extensions the proxy exposes, as advertised by GET /v2 (the control APIs are refused here).
 EXPOSED_EXTENSIONS = frozenset({"classification", "sequence", "schedule_policy", "model_configuration",
                                 "binary_tensor_data", "parameters"})
@@ -268,11 +272,13 @@ async def _upstream_get(app: web.Application, path: str, model: str = "") -> tup
 
 
 def upstream_failure(e: BaseException) -> UpstreamFailure:
-    """An aiohttp client error, said the way the serving core understands."""
+    """An aiohttp client or connection pool error, said the way the serving core understands."""
     if isinstance(e, TimeoutError):
         return UpstreamFailure(FailureKind.TIMEOUT)
-    if isinstance(e, (aiohttp.ClientConnectorError, ConnectionRefusedError)):
+    if isinstance(e, (aiohttp.ClientConnectorError, ConnectionRefusedError, UpstreamUnreachable)):
         return UpstreamFailure(FailureKind.UNREACHABLE, str(e))
+    if isinstance(e, UpstreamDropped):
+        return UpstreamFailure(FailureKind.DROPPED, str(e))
     return UpstreamFailure(FailureKind.DROPPED, type(e).__name__)
 
 
@@ -296,8 +302,8 @@ async def infer(request: web.Request, ctx: RequestContext) -> web.StreamResponse
         transport = request.transport
         return transport is None or transport.is_closing()
 
-    exchange = HttpInferExchange(request.app[UPSTREAM], core.config.triton.url, ctx, model, version, body,
-                                 header_length, forwarded_headers(request.headers), client_gone)
+    exchange = HttpInferExchange(request.app[UPSTREAM_POOL], core.settings.upstream_timeout_s, ctx, model, version,
+                                 body, header_length, forwarded_headers(request.headers), client_gone)
     status, headers, answer = await core.infer(model, version, exchange)
     response = web.Response(status=status, body=answer, content_type=headers.get("Content-Type", "application/json"))
     if "Inference-Header-Content-Length" in headers:
@@ -313,16 +319,17 @@ def forwarded_headers(headers: Mapping[str, str]) -> dict[str, str]:
 class HttpInferExchange:
     """One POST .../infer: the body is validated as it is and forwarded byte for byte."""
 
-    def __init__(self, session: aiohttp.ClientSession, triton_url: str, ctx: RequestContext, model: str,
+    def __init__(self, pool: UpstreamPool, timeout_s: float, ctx: RequestContext, model: str,
                  version: str, body: bytes, header_length: int | None, forwarded: Mapping[str, str],
                  client_gone: Callable[[], bool]) -> None:
-        self.session = session
+        self.pool = pool
+        self.timeout_s = timeout_s
         self.model = model
         self.body = body
         self.header_length = header_length
         self.client_gone = client_gone
-        self.url = triton_url.rstrip("/") + model_path(model, version) + "/infer"
-        # identity: the client session would ask for gzip, and the answer must be readable to be screened
+        self.path = model_path(model, version) + "/infer"
+        # identity: the answer must be readable to be screened
         headers = {"X-Request-ID": ctx.request_id, "Accept-Encoding": "identity",
                    "Content-Type": "application/octet-stream" if header_length is not None else "application/json"}
         if header_length is not None:
@@ -338,18 +345,16 @@ class HttpInferExchange:
         (aiohttp's handler_cancellation, or the fast listener's connection_lost), which cancels this
         call and frees its Triton connection and breaker slot."""
         try:
-            async with self.session.post(self.url, data=self.body, headers=self.headers) as response:
-                answer = await response.read()
-                status = response.status
-                kept = {k: response.headers[k] for k in ("Content-Type", "Inference-Header-Content-Length")
-                        if k in response.headers}
+            response = await self.pool.request("POST", self.path, self.headers, self.body, timeout_s=self.timeout_s)
         except asyncio.CancelledError:
             if self.client_gone():
                 log.info("client_disconnected", model=self.model, cause="client closed the connection while "
                                                                         "Triton was answering; upstream call cancelled")
             raise
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        except (UpstreamError, TimeoutError, OSError) as e:
             raise upstream_failure(e) from e
+        status, answer, headers = response.status, response.body, response.headers
+        kept = {name: headers[key] for name, key in _KEPT_ANSWER_HEADERS if key in headers}
         if status >= 500:
             message = triton_error_message(answer)
             raise UpstreamFailure(FailureKind.SERVER_ERROR, message, status=status,

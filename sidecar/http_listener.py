@@ -35,7 +35,7 @@ import structlog
 from aiohttp import web
 
 from sidecar.app import app_runner
-from sidecar.appkeys import CONFIG, LIFECYCLE, SERVING, UPSTREAM
+from sidecar.appkeys import CONFIG, LIFECYCLE, SERVING, UPSTREAM_POOL
 from sidecar.http_front import (
     HttpInferExchange,
     body_timeout,
@@ -324,8 +324,8 @@ class _Connection(asyncio.Protocol):
         if encoding in _INFLATED:
             body = _inflate(body, encoding, core.config.validation.max_body_bytes, model)
         forwarded = {name: headers[name] for name in ("traceparent", "tracestate") if name in headers}
-        exchange = HttpInferExchange(self._listener.app[UPSTREAM], core.config.triton.url, ctx, model, version,
-                                     body, header_length, forwarded, lambda: self._closing)
+        exchange = HttpInferExchange(self._listener.app[UPSTREAM_POOL], core.settings.upstream_timeout_s, ctx, model,
+                                     version, body, header_length, forwarded, lambda: self._closing)
         return await core.infer(model, version, exchange)
 
     def _write(self, status: int, headers: dict[str, str], body: bytes, request_id: str, keep_alive: bool) -> None:
