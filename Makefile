@@ -27,6 +27,16 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
+# Seldon MLServer, the other v2 server the tests put the sidecar in front of, in a venv of its own:
+# its pins (fastapi, pydantic, protobuf) are not the sidecar's.
+MLSERVER_VENV ?= .venv-mlserver
+
+$(MLSERVER_VENV)/.installed:
+	$(PYTHON) -m venv $(MLSERVER_VENV)
+	$(MLSERVER_VENV)/bin/python -m pip install -q --upgrade pip
+	$(MLSERVER_VENV)/bin/python -m pip install -q 'mlserver==1.7.*'
+	touch $@
+
 demo: system-deps $(VENV)/.installed
 	$(BIN)/triton-sidecar demo
 
@@ -34,8 +44,8 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff check sidecar tests bench
 	$(BIN)/lint-imports
 
-test: system-deps lint
+test: system-deps lint $(MLSERVER_VENV)/.installed
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(MLSERVER_VENV) .pytest_cache .ruff_cache .hypothesis

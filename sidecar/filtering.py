@@ -29,8 +29,9 @@ _NUMBER_MODE = rapidjson.NM_NATIVE | rapidjson.NM_NAN
 #: against the parsed document before it is used.
 _OUTPUT_START = b'{"name":"'
 _BINARY_DTYPE = {"FP16": "<f2", "FP32": "<f4", "FP64": "<f8"}
-#: Words Triton writes for non-finite floats in JSON; absent from the text = no NaN/Inf in it.
-_NON_FINITE_WORDS = (b"NaN", b"Infinity")
+#: Words servers write for non-finite floats in JSON (Triton: NaN, Infinity; MLServer: null); absent
+#: from the text = no NaN/Inf in it. A null in float data is read as NaN.
+_NON_FINITE_WORDS = (b"NaN", b"Infinity", b"null")
 
 IsHidden = Callable[[str], bool]
 

@@ -73,6 +73,8 @@ class RoundResult:
     conclusive: bool = True
     started_at: float = 0.0
     duration_s: float = 0.0
+    #: What the round could not check and why (e.g. metadata that declares no inputs): warnings.
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -206,6 +208,7 @@ async def probe_model(
     `timeout_s` is kept open for Triton's late verdict; without, it is cancelled."""
     started = time.time()
     results: list[ProbeResult] = []
+    notes: list[str] = []
 
     async def step(probe: str, call: Awaitable[str | None], case: str = "") -> ProbeResult:
         timer = _Timer()
@@ -228,14 +231,14 @@ async def probe_model(
         return result
 
     def finish(conclusive: bool = True) -> RoundResult:
-        return RoundResult(model, tuple(results), conclusive, started, time.time() - started)
+        return RoundResult(model, tuple(results), conclusive, started, time.time() - started, tuple(notes))
 
     server = await step(SERVER_READY, _server_ready(triton, timeout_s))
     if not server.ok:
         return finish(conclusive=False)
     if not (await step(MODEL_READY, _model_ready(triton, model, timeout_s))).ok:
         return finish()
-    if not (await step(METADATA, _metadata_matches(triton, model, cases, timeout_s))).ok:
+    if not (await step(METADATA, _metadata_matches(triton, model, cases, timeout_s, notes))).ok:
         return finish()
     for case in cases:
         outcome = await step(GOLDEN, _golden_case(triton, case, timeout_s, late), case=case.name)
@@ -260,19 +263,24 @@ async def _model_ready(triton: TritonClient, model: str, timeout_s: float) -> st
 
 
 async def _metadata_matches(
-    triton: TritonClient, model: str, cases: Sequence[GoldenCase], timeout_s: float
+    triton: TritonClient, model: str, cases: Sequence[GoldenCase], timeout_s: float, notes: list[str]
 ) -> str | None:
     metadata = await triton.model_metadata(model, timeout_s=timeout_s)
     declared_inputs = {t["name"]: t["datatype"] for t in metadata.get("inputs", [])}
     declared_outputs = {t["name"]: t["datatype"] for t in metadata.get("outputs", [])}
+    # Other v2 servers (MLServer with a custom runtime) may declare nothing: then the golden cases
+    # alone judge the model. Declaring nothing is not a fault; declaring something else is.
+    for kind, declared in (("inputs", declared_inputs), ("outputs", declared_outputs)):
+        if not declared:
+            notes.append(f"the model's metadata declares no {kind}: its golden cases alone check them")
     for case in cases:
-        for name, datatype in case.input_datatypes.items():
+        for name, datatype in case.input_datatypes.items() if declared_inputs else ():
             if name not in declared_inputs:
                 return f"golden case {case.name} sends input {name!r}, which the model does not declare"
             if declared_inputs[name] != datatype:
                 return (f"golden case {case.name} sends input {name!r} as {datatype}, "
                         f"the model declares {declared_inputs[name]}")
-        for name, expected in case.outputs.items():
+        for name, expected in case.outputs.items() if declared_outputs else ():
             if declared_outputs.get(name) != expected.datatype:
                 return (f"golden case {case.name} expects output {name!r} as {expected.datatype}, "
                         f"the model declares {declared_outputs.get(name, 'no such output')}")
@@ -305,6 +313,8 @@ class ProbeRecord:
     last_round: RoundResult | None = None
     rounds: int = 0
     last_by_probe: dict[str, ProbeResult] = field(default_factory=dict)
+    #: The round's notes were logged (once per model).
+    noted: bool = False
 
 
 RoundListener = Callable[[str, RoundResult], None]
@@ -369,6 +379,9 @@ class Prober:
                                    stop_at_first_failure=True, late=self._late)
         record = self.records.setdefault(model, ProbeRecord())
         record.last_round, record.rounds = result, record.rounds + 1
+        if result.notes and not record.noted:
+            record.noted = True  # once per model: the same metadata would repeat it every round
+            log.warning("probe_metadata_incomplete", model=model, notes=list(result.notes))
         for probe in result.results:
             record.last_by_probe[probe.probe if not probe.case else f"{GOLDEN}:{probe.case}"] = probe
             self._metrics.probes.labels(model=model, probe=probe.probe, result=probe.result).inc()

@@ -67,15 +67,19 @@ class SpecCache:
 
     async def _build(self, model: str, version: str, generation: int) -> ModelSpec:
         metadata = await self._document(model, version, "metadata")
-        config = await self._document(model, version, "config")
+        config = await self._document(model, version, "config", optional=True)
         spec = build_model_spec(model, version, metadata, config, limits=self._limits,
                                 is_hidden=self._filter.for_model(model), rules=self._rules.get(model))
         if self._generation[model] == generation:
             self._specs[(model, version)] = spec
         return spec
 
-    async def _document(self, model: str, version: str, what: str) -> dict[str, Any]:
+    async def _document(self, model: str, version: str, what: str, *, optional: bool = False) -> dict[str, Any]:
+        """`optional`: a 404 means the server has no such endpoint (MLServer has no model config;
+        Triton answers 400 for a model it does not know), and the document is empty."""
         status, body = await self._fetch(model, version, what)
+        if status == 404 and optional:
+            return {}
         if status == 200:
             try:
                 doc = rapidjson.loads(body)

@@ -140,9 +140,21 @@ class TritonClient:
         return await self._call(self._client.get_model_config(model, version), timeout_s)
 
     async def repository_index(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
-        return await self._call(
-            self._client.get_model_repository_index(headers=self._repository_headers or None), timeout_s
-        )
+        """The repository index, asked with the body `{}`: Triton takes none, but other v2 servers
+        (MLServer) refuse a POST without a JSON object (422), as tritonclient sends it."""
+        headers = {"Content-Type": "application/json", **self._repository_headers}
+
+        async def post() -> list[dict[str, Any]]:
+            async with self._session().post(f"{self.url}/v2/repository/index", data=b"{}", headers=headers) as response:
+                raw = await response.read()
+                if response.status != 200:
+                    raise triton_error(response.status, _error_message(raw))
+                index = json.loads(raw)
+                if not isinstance(index, list):
+                    raise TritonError(502, _cut(f"a repository index that is not a list: {raw[:100]!r}"))
+                return index
+
+        return await self._call(post(), timeout_s)
 
     async def load_model(self, model: str, timeout_s: float | None = None) -> None:
         await self._call(self._client.load_model(model, headers=self._repository_headers or None), timeout_s)

@@ -279,6 +279,8 @@ class ModelSpec:
     max_batch_size: int
     limits: Limits
     rules: RequestRules | None = None
+    #: The filtering rules' verdict by output name, for servers whose metadata declares no outputs.
+    is_hidden: Callable[[str], bool] | None = None
 
     def refuse(self, reason: Reason, message: str, input: str = "") -> InvalidRequest:
         return InvalidRequest(reason, message, model=self.model, input=input)
@@ -305,7 +307,8 @@ def build_model_spec(
     outputs = {t["name"]: t["datatype"] for t in metadata.get("outputs", [])}
     hidden = frozenset(name for name in outputs if is_hidden is not None and is_hidden(name))
     return ModelSpec(model=model, version=version, inputs=inputs, outputs=outputs, hidden_outputs=hidden,
-                     max_batch_size=int(config.get("max_batch_size", 0) or 0), limits=limits, rules=rules)
+                     max_batch_size=int(config.get("max_batch_size", 0) or 0), limits=limits, rules=rules,
+                     is_hidden=is_hidden)
 
 
 # ---- the request check ---------------------------------------------------------------------------------
@@ -482,10 +485,10 @@ def _check_requested_outputs(spec: ModelSpec, outputs: Any, bools: _BoolCount) -
         if unknown:
             raise spec.refuse(SCHEMA, f"unknown field {_echo(unknown[0])!r} in requested output")
         name = output["name"]
-        if name in spec.hidden_outputs:
+        if name in spec.hidden_outputs or (not spec.outputs and spec.is_hidden is not None and spec.is_hidden(name)):
             raise spec.refuse(FILTERED_OUTPUT, f"output {name!r} of model {spec.model} is not available "
                                                     "outside the pod (filtering rules)")
-        if name not in spec.outputs:
+        if spec.outputs and name not in spec.outputs:
             visible = ", ".join(sorted(set(spec.outputs) - spec.hidden_outputs))
             raise spec.refuse(UNKNOWN_OUTPUT, f"model {spec.model} has no output {_echo(name)!r} "
                                                    f"(outputs: {visible})")
@@ -506,7 +509,7 @@ def _check_tensor_header(spec: ModelSpec, tensor: Any, index: int, seen: set[str
     unknown = sorted(set(tensor) - _INPUT_KEYS)
     if unknown:
         raise spec.refuse(SCHEMA, f"unknown field {_echo(unknown[0])!r} in input {_echo(name)!r}", name)
-    tspec = spec.inputs.get(name)
+    tspec = spec.inputs.get(name) if spec.inputs else _undeclared_input(spec, tensor, name)
     if tspec is None:
         raise spec.refuse(UNKNOWN_INPUT, f"model {spec.model} has no input {_echo(name)!r} "
                                               f"(inputs: {', '.join(sorted(spec.inputs))})")
@@ -527,6 +530,19 @@ def _check_tensor_header(spec: ModelSpec, tensor: Any, index: int, seen: set[str
                                       f"got {_echo(shape)}", name)
     _check_parameters(spec, tensor.get("parameters"), _INPUT_PARAMETER_TYPES, f"input {name!r}", bools, name)
     return tspec, tuple(shape)
+
+
+def _undeclared_input(spec: ModelSpec, tensor: Mapping[str, Any], name: str) -> InputSpec:
+    """The input as the client declares it, for a server whose metadata declares no inputs (MLServer's
+    custom runtimes): its name and shape cannot be checked, but its datatype must be a v2 one, and
+    its data must match that datatype and shape like any other input."""
+    datatype = tensor.get("datatype")
+    if datatype != "BYTES" and datatype not in ELEMENT_SIZE:
+        raise spec.refuse(DATATYPE, f"input {_echo(name)!r}: {_echo(datatype)} is not a v2 datatype "
+                                    f"({', '.join(sorted([*ELEMENT_SIZE, 'BYTES']))})", name)
+    shape = tensor.get("shape")
+    rank = len(shape) if isinstance(shape, list) else 0
+    return InputSpec(name, datatype, (-1,) * rank)
 
 
 def _check_json_data(spec: ModelSpec, tspec: InputSpec, shape: tuple[int, ...], count: int, data: Any,

@@ -60,7 +60,7 @@ async def _infer(sidecar, values: list[float]):  # type: ignore[no-untyped-def]
 async def test_mlserver_is_probed_by_its_golden_cases_and_proxied_like_triton(mlserver, golden, start):
     with capture_logs() as logs:
         sidecar = await _guarded(start, mlserver, golden)
-    warned = [e for e in logs if e["event"] == "metadata_declares_nothing"]
+    warned = [e for e in logs if e["event"] == "probe_metadata_incomplete"]
     assert warned and warned[0]["model"] == MODEL, [e["event"] for e in logs]
     assert (await sidecar.get("/readyz"))[0] == 200
     status, answer = await _infer(sidecar, [0.5, -1.0, 2.0])
