@@ -31,6 +31,7 @@ from sidecar.appkeys import (
     WATCH,
 )
 from sidecar.config import SidecarConfig
+from sidecar.generate_front import add_generate_routes
 from sidecar.golden import GoldenCase, load_golden_dir
 from sidecar.healer import Healer
 from sidecar.http_front import add_http_routes, document_fetcher
@@ -90,6 +91,7 @@ def create_app(
     app.router.add_get("/status", status)
     app.router.add_get("/metrics", metrics_endpoint)
     add_http_routes(app)
+    add_generate_routes(app)
     return app
 
 

@@ -259,6 +259,8 @@ class ModelSpec:
     max_batch_size: int
     limits: Limits
     rules: RequestRules | None = None
+    #: The model may send many responses to one request (LLM backends): generate_stream, not infer.
+    decoupled: bool = False
 
     def refuse(self, reason: Reason, message: str, input: str = "") -> InvalidRequest:
         return InvalidRequest(reason, message, model=self.model, input=input)
@@ -285,7 +287,8 @@ def build_model_spec(
     outputs = {t["name"]: t["datatype"] for t in metadata.get("outputs", [])}
     hidden = frozenset(name for name in outputs if is_hidden is not None and is_hidden(name))
     return ModelSpec(model=model, version=version, inputs=inputs, outputs=outputs, hidden_outputs=hidden,
-                     max_batch_size=int(config.get("max_batch_size", 0) or 0), limits=limits, rules=rules)
+                     max_batch_size=int(config.get("max_batch_size", 0) or 0), limits=limits, rules=rules,
+                     decoupled=bool((config.get("model_transaction_policy") or {}).get("decoupled", False)))
 
 
 # ---- the request check ---------------------------------------------------------------------------------
