@@ -252,11 +252,14 @@ async def _relay(request: web.Request, call: _Request, upstream: aiohttp.ClientR
         else:
             core.signals.upstream_answered(model)
         await response.write_eof()
-    except (ConnectionResetError, ConnectionError):
-        # The client left: closing the upstream response (the caller's finally) cancels Triton's side.
+    except (ConnectionError, asyncio.CancelledError) as e:
+        # The client left (aiohttp cancels the handler, or the write fails): closing the upstream
+        # response (the caller's finally) ends Triton's side of the stream.
         ending = Refusal(Reason.CLIENT_GONE, "client closed the stream", model=model, before_triton=False)
         log.info("client_disconnected", model=model, events=events,
                  cause="client closed the connection during a stream; upstream request cancelled")
+        if isinstance(e, asyncio.CancelledError):
+            raise
     finally:
         metrics.stream_events.labels(model=model).observe(events)
         outcome = "complete" if ending is None else ending.reason.value

@@ -43,7 +43,7 @@ class TritonPythonModel:
                 out = pb_utils.Tensor("text_output", np.array([piece.encode()], dtype=np.object_))
                 sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        except Exception as e:  # noqa: BLE001 - the client must get an error, not a stream that never ends
+        except Exception as e:  # the client must get an error, not a stream that never ends
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
