@@ -98,7 +98,8 @@ async def test_events_reach_the_client_as_triton_sends_them_and_the_text_equals_
     assert sidecar.metric("triton_sidecar_stream_endings_total", model=text_model.name, outcome="complete") == 1
 
 
-@pytest.mark.parametrize(("body", "reason", "field"), [
+#: (body, reason, field): each refused with 400 naming the field.
+BAD_BODIES = [
     ({"text_input": "a", "temprature": 0}, "unknown_field", "temprature"),
     ({"text_input": 5}, "datatype", "text_input"),
     ({"text_input": "a", "max_tokens": 65}, "too_many_tokens", "max_tokens"),
@@ -108,21 +109,24 @@ async def test_events_reach_the_client_as_triton_sends_them_and_the_text_equals_
     ({"max_tokens": 3}, "missing_input", "text_input"),
     ({"text_input": ["a", "b"]}, "shape", "text_input"),
     ({"text_input": "a", "temperature": {"x": 1}}, "parameter", "temperature"),
-])
+]
+
+
 async def test_bad_bodies_are_refused_naming_the_field_and_never_reach_triton(
-    triton: LocalTriton, text_model: FreshModel, start: Any, body: dict[str, Any], reason: str, field: str
+    triton: LocalTriton, text_model: FreshModel, start: Any
 ) -> None:
     # One probe round only (interval 30 s): from then on Triton's counters move only for traffic.
     sidecar = await start(_config(triton, text_model, validation={"max_bytes_element": 1024},
                                   probes={"interval_s": 30}))
     await _healthy(sidecar, text_model.name)
     before = triton_success_count(triton, text_model.name)
-    for endpoint in ("generate_stream", "generate"):
-        async with sidecar.session.post(f"{sidecar.url}/v2/models/{text_model.name}/{endpoint}", json=body) as r:
-            answer = await r.json()
-        assert r.status == 400, answer
-        assert answer["reason"] == reason and answer["field"] == field, answer
-        assert answer["model"] == text_model.name
+    for body, reason, field in BAD_BODIES:
+        for endpoint in ("generate_stream", "generate"):
+            url = f"{sidecar.url}/v2/models/{text_model.name}/{endpoint}"
+            async with sidecar.session.post(url, json=body) as r:
+                answer = await r.json()
+            assert r.status == 400, (body, answer)
+            assert (answer["reason"], answer["field"], answer["model"]) == (reason, field, text_model.name), answer
     assert triton_success_count(triton, text_model.name) == before, "a refused body reached Triton"
 
 
