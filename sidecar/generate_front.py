@@ -34,6 +34,7 @@ from sidecar.generation import (
     check_generate_request,
     error_event,
     is_several_responses_error,
+    needs_screening,
     screen_event,
     sse_event,
 )
@@ -195,7 +196,10 @@ async def generate_stream(request: web.Request, ctx: RequestContext) -> web.Stre
         finally:
             in_flight.dec()
             if upstream is not None:
-                upstream.close()  # a stream cut short: Triton sees its connection close
+                if upstream.content.at_eof():
+                    upstream.release()  # read to its end: the connection goes back to the pool
+                else:
+                    upstream.close()  # cut short: Triton sees its connection close and ends the request
 
 
 async def _relay(request: web.Request, call: _Request, upstream: aiohttp.ClientResponse,
@@ -232,21 +236,25 @@ async def _relay(request: web.Request, call: _Request, upstream: aiohttp.ClientR
                     ending = core.upstream_refusal(model, UpstreamFailure(FailureKind.DROPPED,
                                                                           "stream ended inside an event"))
                 break
+            # Every event this chunk completed goes out in one write, now: nothing waits for more.
+            out = []
             for data in splitter.feed(chunk):
-                screened, ending = _screen_stream_event(core, model, policy, data)
-                if ending is not None:
-                    break
-                await response.write(sse_event(screened))
+                if needs_screening(data, is_hidden=policy.is_hidden, check_non_finite=policy.check_non_finite):
+                    data, ending = _screen_stream_event(core, model, policy, data)
+                    if ending is not None:
+                        break
+                out.append(sse_event(data))
+            if out:
+                await response.write(b"".join(out) if len(out) > 1 else out[0])
                 now = time.perf_counter()
                 if events:
                     inter_event.observe(now - last)
                 else:
                     first_event.observe(now - ctx.started)
-                events, last = events + 1, now
-                if not core.admission.serves(model):
-                    ending = core.admission.quarantine_refusal(model)
-                    ending.before_triton = False
-                    break
+                events, last = events + len(out), now
+            if ending is None and not core.admission.serves(model):
+                ending = core.admission.quarantine_refusal(model)
+                ending.before_triton = False
         if ending is not None:
             await response.write(error_event(ending))
         else:

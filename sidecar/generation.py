@@ -172,6 +172,18 @@ class ScreenedEvent:
     doc: dict[str, Any] = field(default_factory=dict)
 
 
+#: Words Triton writes for non-finite floats in JSON; absent from an event = nothing to look for.
+_NON_FINITE_WORDS = (b"NaN", b"Infinity")
+
+
+def needs_screening(data: bytes, *, is_hidden: IsHidden | None, check_non_finite: bool) -> bool:
+    """False when the event can be passed on unparsed: no filtering rule for the model, no error key,
+    and no NaN/Infinity word anywhere in its text (the common case: most events are one token)."""
+    if is_hidden is not None or b'"error"' in data:
+        return True
+    return check_non_finite and any(word in data for word in _NON_FINITE_WORDS)
+
+
 def screen_event(data: bytes, *, is_hidden: IsHidden | None, check_non_finite: bool) -> ScreenedEvent:
     """Hidden outputs removed (the event re-encoded only then), NaN/Inf fields found, errors named."""
     try:
