@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import aiohttp
 import structlog
@@ -205,8 +206,8 @@ async def generate_stream(request: web.Request, ctx: RequestContext) -> web.Stre
 async def _relay(request: web.Request, call: _Request, upstream: aiohttp.ClientResponse,
                  metrics: SidecarMetrics) -> web.StreamResponse:
     core, model, ctx = call.core, call.model, call.ctx
-    response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                                       "Cache-Control": "no-cache", "X-Request-ID": ctx.request_id})
+    response = _EventStream(status=200, headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                                 "Cache-Control": "no-cache", "X-Request-ID": ctx.request_id})
     await response.prepare(request)
     policy = core.policy(model)
     idle_s = core.config.generation.idle_timeout_s
@@ -216,12 +217,16 @@ async def _relay(request: web.Request, call: _Request, upstream: aiohttp.ClientR
     inter_event = metrics.stream_inter_event.labels(model=model)
     ending: Refusal | None = None
     content = upstream.content
+    task = asyncio.current_task()
+    assert task is not None
+    watch = _IdleWatch(task, core.settings.upstream_timeout_s)
     try:
         while ending is None:
             try:
-                async with asyncio.timeout(idle_s if events else core.settings.upstream_timeout_s):
-                    chunk = await content.readany()
-            except TimeoutError:
+                chunk = await content.readany()
+            except asyncio.CancelledError:
+                if not (watch.fired and task.uncancel() == 0):
+                    raise  # the client left: aiohttp cancelled the handler
                 waited = idle_s if events else core.settings.upstream_timeout_s
                 ending = Refusal(Reason.STREAM_IDLE, f"model {model} sent no event for {waited:g} s after "
                                                      f"{events} event(s) (generation.idle_timeout_s); the stream "
@@ -252,6 +257,7 @@ async def _relay(request: web.Request, call: _Request, upstream: aiohttp.ClientR
                 else:
                     first_event.observe(now - ctx.started)
                 events, last = events + len(out), now
+                watch.extend(idle_s)
             if ending is None and not core.admission.serves(model):
                 ending = core.admission.quarantine_refusal(model)
                 ending.before_triton = False
@@ -269,6 +275,7 @@ async def _relay(request: web.Request, call: _Request, upstream: aiohttp.ClientR
         if isinstance(e, asyncio.CancelledError):
             raise
     finally:
+        watch.close()
         metrics.stream_events.labels(model=model).observe(events)
         outcome = "complete" if ending is None else ending.reason.value
         metrics.stream_endings.labels(model=model, outcome=outcome).inc()
@@ -276,6 +283,49 @@ async def _relay(request: web.Request, call: _Request, upstream: aiohttp.ClientR
             log.warning("stream_ended", model=model, reason=ending.reason.value, events=events,
                         cause=cut(ending.message, 300), request_id=ctx.request_id)
     return response
+
+
+class _EventStream(web.StreamResponse):
+    """The headers leave with the first event, in one write (aiohttp's Response does the same): the
+    stream begins when Triton's first event is already here, so sending them apart only costs a
+    syscall and a packet on the path to the first event."""
+
+    _send_headers_immediately = False
+
+
+class _IdleWatch:
+    """Cancels the stream's task when no event came within the bound: one timer per stream, moved
+    lazily (an event only sets a float), where a timeout context per read would schedule and cancel a
+    timer for every event."""
+
+    __slots__ = ("_armed_at", "_handle", "_loop", "_task", "deadline", "fired")
+
+    def __init__(self, task: asyncio.Task[Any], first_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = task
+        self.fired = False
+        self.deadline = self._armed_at = self._loop.time() + first_s
+        self._handle = self._loop.call_at(self.deadline, self._check)
+
+    def extend(self, seconds: float) -> None:
+        self.deadline = self._loop.time() + seconds
+        if self.deadline < self._armed_at:  # a shorter bound (the first event's is longer): re-arm once
+            self._arm()
+
+    def _arm(self) -> None:
+        self._handle.cancel()
+        self._armed_at = self.deadline
+        self._handle = self._loop.call_at(self.deadline, self._check)
+
+    def _check(self) -> None:
+        if self._loop.time() >= self.deadline:
+            self.fired = True
+            self._task.cancel()
+        else:
+            self._arm()
+
+    def close(self) -> None:
+        self._handle.cancel()
 
 
 def _screen_stream_event(core: ServingCore, model: str, policy: OutputPolicy,
