@@ -155,7 +155,7 @@ Triton {triton.url} (pid {triton.pid}) is running the example models; the sideca
   metrics  curl -s {url}/metrics | grep triton_sidecar_model_state
   infer    curl -s {url}/v2/models/credit_risk/infer -H 'Content-Type: application/json' \\
              -d @examples/requests/credit_risk.json
-  stream   curl -sN {url}/v2/models/text_echo/generate_stream \\
+  stream   curl -sN {url}/v2/models/text_echo/generate_stream -H 'Content-Type: application/json' \\
              -d '{{"text_input": "one word per event", "max_tokens": 8}}'
 
 Break a model and watch it heal (Triton itself keeps saying ready):

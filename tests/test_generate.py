@@ -204,6 +204,28 @@ async def test_a_stub_killed_mid_stream_ends_the_client_s_stream_with_an_error_e
     assert sidecar.metric("triton_sidecar_streams_in_flight", model=text_model.name) == 0
 
 
+async def test_a_dead_stub_before_a_stream_is_a_502_and_a_passive_signal(
+    triton: LocalTriton, text_model: FreshModel, start: Any
+) -> None:
+    sidecar = await start(_config(triton, text_model, probes={"interval_s": 30},
+                                  proxy={"passive_failure_threshold": 1}))
+    await _healthy(sidecar, text_model.name)
+    text_model.kill_stub()
+    url = f"{sidecar.url}/v2/models/{text_model.name}/generate_stream"
+
+    async def refused_as_server_fault() -> Any:
+        status, events, _ = await read_stream(url, {"text_input": "alpha"})
+        return events[0][1] if status == 502 else None
+
+    # Triton itself answers this with a 400 ("Stub process ... is not healthy"): a server fault,
+    # not the client's; it brings the next probe round forward (probes are 30 s apart here).
+    answer = await wait_for(refused_as_server_fault, 10, what="a 502 for the dead stub")
+    assert answer["reason"] == "triton_error" and "not healthy" in answer["error"], answer
+    judged = await wait_for(lambda: sidecar.first_transition_to(text_model.name, ModelState.DEGRADED), 10,
+                            what="the probe round the passive signal brought forward")
+    assert "not healthy" in judged.cause
+
+
 async def test_a_client_that_leaves_mid_stream_frees_its_stream(
     triton: LocalTriton, text_model: FreshModel, start: Any
 ) -> None:
