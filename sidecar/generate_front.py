@@ -114,13 +114,17 @@ async def generate(request: web.Request, ctx: RequestContext) -> web.StreamRespo
     core, model = call.core, call.model
     body = await call.checked_body()
     timeout = aiohttp.ClientTimeout(total=core.settings.upstream_timeout_s, connect=core.settings.connect_timeout_s)
+    in_flight = core.telemetry.in_flight(model)
     async with core.breaker(model).slot(model, core.settings.upstream_timeout_s):
+        in_flight.inc()
         try:
             async with request.app[UPSTREAM].post(call.url, data=body, headers=call.headers,
                                                   timeout=timeout) as response:
                 status, answer = response.status, await response.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise core.upstream_refusal(model, upstream_failure(e)) from e
+        finally:
+            in_flight.dec()
     if status != 200:
         refusal = call.failure(status, answer)
         if status < 500 and DEAD_STUB not in refusal.message:
