@@ -36,6 +36,7 @@ from sidecar.appkeys import (
     WATCH,
 )
 from sidecar.config import SidecarConfig
+from sidecar.generate_front import add_generate_routes
 from sidecar.golden import GoldenCase, load_golden_dir
 from sidecar.grpc_front import grpc_front
 from sidecar.healer import Healer
@@ -112,6 +113,7 @@ def create_app(
     app.router.add_get("/status", status)
     app.router.add_get("/metrics", metrics_endpoint)
     add_http_routes(app)
+    add_generate_routes(app)
     return app
 
 

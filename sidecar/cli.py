@@ -136,7 +136,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if not repository.is_dir():
         raise UsageError(f"{repository}: the example model repository is missing (run from a source checkout)")
     base = load_config(config_path)
-    triton = LocalTriton(model_repository=repository, models=["credit_risk", "image_classifier"],
+    triton = LocalTriton(model_repository=repository, models=["credit_risk", "image_classifier", "text_echo"],
                          workdir=Path(tempfile.mkdtemp(prefix="triton-sidecar-demo-")))
     print(f"Starting Triton (log: {triton.log_path}) ...", flush=True)
     try:
@@ -159,6 +159,8 @@ Triton {triton.url} (pid {triton.pid}) is running the example models; the sideca
   metrics  curl -s {url}/metrics | grep triton_sidecar_model_state
   infer    curl -s {url}/v2/models/credit_risk/infer -H 'Content-Type: application/json' \\
              -d @examples/requests/credit_risk.json
+  stream   curl -sN {url}/v2/models/text_echo/generate_stream -H 'Content-Type: application/json' \\
+             -d '{{"text_input": "one word per event", "max_tokens": 8}}'
 
 Break a model and watch it heal (Triton itself keeps saying ready):
   kill -9 {stub}     # the credit_risk python stub; or: pkill -9 -f credit_risk/1/model.py

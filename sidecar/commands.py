@@ -32,8 +32,11 @@ from sidecar.config import CONFIG_SCHEMA, ConfigError, SidecarConfig, load_confi
 from sidecar.golden import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
+    ENDPOINTS,
     FLOAT_DATATYPES,
     GOLDEN_SUFFIXES,
+    INFER,
+    ExpectedText,
     GoldenCase,
     GoldenFileError,
     ReceivedOutput,
@@ -434,6 +437,11 @@ def _add_record_parser(commands: Any) -> None:
                         help="record NaN/Inf outputs (only for a model that answers them on purpose)")
     record.add_argument("--expect-error", action="store_true",
                         help="record an abnormal input: the server must reject it with a 4xx")
+    record.add_argument("--endpoint", choices=ENDPOINTS, default=None,
+                        help="infer (default), or generate / generate_stream for a generative model: the "
+                             "request is then its flat JSON body and the file pins the text of --text-field")
+    record.add_argument("--text-field", default="text_output", metavar="NAME",
+                        help="the output whose text a generate case pins (default text_output)")
     record.add_argument("--timeout", type=_positive_seconds, default=DEFAULT_CALL_TIMEOUT_S, metavar="S",
                         help=f"bound on each call to Triton, in seconds (default {DEFAULT_CALL_TIMEOUT_S:g})")
     record.set_defaults(handler=_run_reporting_usage_errors(_cmd_record))
@@ -443,7 +451,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
     out: Path = args.out
     if out.suffix != ".json":
         raise CommandError(f"{out}: record writes JSON; name the file <case>.json so the sidecar finds it")
-    request, description = read_request_file(args.request)
+    request, description, endpoint = read_request_file(args.request, args.endpoint)
     description = args.description if args.description is not None else (
         description or f"Recorded by triton-sidecar record from {args.request.name}.")
     try:
@@ -451,7 +459,8 @@ def _cmd_record(args: argparse.Namespace) -> int:
             args.triton_url, args.model, request,
             case_name=out.stem, description=description, version=args.version,
             atol=args.atol, rtol=args.rtol, allow_non_finite=args.allow_non_finite,
-            expect_error=args.expect_error, timeout_s=args.timeout,
+            expect_error=args.expect_error, timeout_s=args.timeout, endpoint=endpoint,
+            text_field=args.text_field,
         ))
     except RecordRefused as e:
         print(f"triton-sidecar: record refused: {e}", file=sys.stderr)
@@ -460,6 +469,8 @@ def _cmd_record(args: argparse.Namespace) -> int:
     expect = golden["expect"]
     if "outputs" in expect:
         what = ", ".join(f"{name} {spec['datatype']} {spec['shape']}" for name, spec in expect["outputs"].items())
+    elif "text" in expect:
+        what = f"{expect['text']['field']} = {expect['text']['equals']!r}"
     else:
         what = f"rejection {expect['status']}" + (f" mentioning {expect['error_contains']!r}"
                                                    if expect.get("error_contains") else "")
@@ -467,8 +478,9 @@ def _cmd_record(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def read_request_file(path: Path) -> tuple[dict[str, Any], str]:
-    """The v2 request body in `path` (or the request of a golden file) and the golden description."""
+def read_request_file(path: Path, endpoint: str | None = None) -> tuple[dict[str, Any], str, str]:
+    """The request body in `path` (or the request of a golden file), the golden description, and the
+    endpoint: `endpoint` when given, else the golden file's, else infer."""
     try:
         raw = json.loads(path.read_text())
     except OSError as e:
@@ -477,14 +489,21 @@ def read_request_file(path: Path) -> tuple[dict[str, Any], str]:
         raise CommandError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from e
     description = ""
     where = "$"
-    if isinstance(raw, dict) and "request" in raw and "inputs" not in raw:
+    if isinstance(raw, dict) and "request" in raw and "expect" in raw and "inputs" not in raw:
         description = raw.get("description", "") if isinstance(raw.get("description"), str) else ""
+        endpoint = endpoint or (raw.get("endpoint") if raw.get("endpoint") in ENDPOINTS else None)
         raw, where = raw["request"], "$.request"
+    endpoint = endpoint or INFER
+    if endpoint != INFER:
+        if not isinstance(raw, dict):
+            raise CommandError(f"{path}: at {where}: a {endpoint} request is one JSON object of inputs and "
+                               "parameters")
+        return raw, description, endpoint
     try:
         check_request(raw, path, where)
     except GoldenFileError as e:
         raise CommandError(str(e)) from e
-    return raw, description
+    return raw, description, endpoint
 
 
 async def record_case(
@@ -500,6 +519,8 @@ async def record_case(
     allow_non_finite: bool = False,
     expect_error: bool = False,
     timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+    endpoint: str = INFER,
+    text_field: str = "text_output",
 ) -> dict[str, Any]:
     """Ask the server, turn its answer into a golden file's content, and prove it passes a probe round.
 
@@ -515,6 +536,12 @@ async def record_case(
             # Without this, --expect-error would happily pin "unknown model" as the expected rejection.
             raise RecordRefused(f"model {model!r} is not ready on {triton_url}; record against a "
                                 "known-good server with the model loaded")
+        if endpoint != INFER:
+            expect = await _record_generate(triton, model, request, case_name=case_name, version=version,
+                                            endpoint=endpoint, text_field=text_field, expect_error=expect_error,
+                                            timeout_s=timeout_s)
+            return await _finish_record(triton, model, case_name, description, version, request, expect,
+                                        timeout_s, endpoint)
         probe_case = GoldenCase(model=model, name=case_name, path=Path(f"{case_name}.json"),
                                 request=request, version=version)
         try:
@@ -538,15 +565,57 @@ async def record_case(
         else:
             raise RecordRefused(f"Triton answered {outcome.status} ({outcome.error}): a server fault, not an "
                                 "answer to pin; golden files hold 200 or 4xx")
-        golden: dict[str, Any] = {"description": description}
-        if version:
-            golden["version"] = version
-        golden["request"] = dict(request)
-        golden["expect"] = expect
-        await _prove_it_passes(triton, model, case_name, golden, timeout_s)
-        return golden
+        return await _finish_record(triton, model, case_name, description, version, request, expect, timeout_s)
     finally:
         await triton.close()
+
+
+async def _finish_record(triton: TritonClient, model: str, case_name: str, description: str, version: str,
+                         request: Mapping[str, Any], expect: dict[str, Any], timeout_s: float,
+                         endpoint: str = INFER) -> dict[str, Any]:
+    golden: dict[str, Any] = {"description": description}
+    if version:
+        golden["version"] = version
+    if endpoint != INFER:
+        golden["endpoint"] = endpoint
+    golden["request"] = dict(request)
+    golden["expect"] = expect
+    await _prove_it_passes(triton, model, case_name, golden, timeout_s)
+    return golden
+
+
+async def _record_generate(triton: TritonClient, model: str, request: Mapping[str, Any], *, case_name: str,
+                           version: str, endpoint: str, text_field: str, expect_error: bool,
+                           timeout_s: float) -> dict[str, Any]:
+    """A generate case's expectation: the text Triton answered (a stream's events concatenated), or
+    its 4xx. Operators pin decoding in the request (temperature 0, a seed) so the text repeats."""
+    probe_case = GoldenCase(model=model, name=case_name, path=Path(f"{case_name}.json"), request=request,
+                            version=version, endpoint=endpoint,
+                            text=ExpectedText(text_field, "equals", ""))
+    try:
+        outcome = await triton.generate_case(probe_case, timeout_s=timeout_s)
+    except TritonUnavailable as e:
+        raise RecordRefused(f"Triton did not answer the {endpoint} request: {e}") from e
+    if outcome.status == 200 and not outcome.error:
+        if expect_error:
+            raise RecordRefused(f"{model} accepted the request (200) but --expect-error records only a "
+                                "rejection (4xx); drop --expect-error to pin its text")
+        if outcome.events == 0:
+            raise RecordRefused(f"{model} answered no event: nothing to compare against later")
+        return {"status": 200, "text": {"field": text_field, "equals": outcome.text}}
+    if outcome.status == 200:
+        raise RecordRefused(f"Triton's answer ended in an error ({outcome.error}): a fault, not an answer to pin")
+    if 400 <= outcome.status <= 499:
+        if not expect_error:
+            raise RecordRefused(f"{model} rejected the request ({outcome.status}: {outcome.error}); pass "
+                                "--expect-error to record it as an abnormal-input case")
+        expect: dict[str, Any] = {"status": outcome.status}
+        error_contains = stable_error_text(outcome.error)
+        if error_contains:
+            expect["error_contains"] = error_contains
+        return expect
+    raise RecordRefused(f"Triton answered {outcome.status} ({outcome.error}): a server fault, not an "
+                        "answer to pin; golden files hold 200 or 4xx")
 
 
 async def _prove_it_passes(triton: TritonClient, model: str, case_name: str, golden: Mapping[str, Any],

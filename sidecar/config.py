@@ -156,6 +156,42 @@ class ProxySection:
     client_body_timeout_s: float = 30.0
 
 
+#: Names a generate request uses for "how many tokens to produce": as an input or as a parameter,
+#: their value is held to `generation.max_tokens` (TensorRT-LLM: max_tokens, vLLM and TGI style
+#: servers: max_tokens / max_new_tokens).
+DEFAULT_TOKEN_LIMIT_KEYS = ("max_tokens", "max_new_tokens", "max_output_tokens")
+#: Request parameters the common LLM backends read (vLLM, TensorRT-LLM, python models); any other key
+#: that is not one of the model's inputs is refused: a typo (`temprature`) would otherwise be ignored
+#: by Triton and the client would never know its setting had no effect.
+DEFAULT_GENERATE_PARAMETERS = (
+    "temperature", "top_p", "top_k", "min_p", "seed", "random_seed", "stream", "stop", "stop_words",
+    "bad_words", "end_id", "pad_id", "repetition_penalty", "presence_penalty", "frequency_penalty",
+    "length_penalty", "beam_width", "num_return_sequences", "min_tokens", "ignore_eos",
+    "exclude_input_in_output", "return_log_probs", "return_context_logits", "return_generation_logits",
+    "priority", "timeout",
+)
+
+
+@dataclass(frozen=True)
+class GenerationSection:
+    """Triton's generate extension: POST .../generate and .../generate_stream (LLM backends)."""
+
+    #: Longest silence (s) between two events of a stream once it has begun; past it the stream ends
+    #: with an error event (reason stream_idle). LLM backends send a token every 10-100 ms; the first
+    #: event (prompt processing) is bounded by proxy.upstream_timeout_s instead.
+    idle_timeout_s: float = 10.0
+    #: Ceiling on a max_tokens-like input or parameter (`token_limit_keys`), for every model...
+    max_tokens: int = 4096
+    #: ...and per model, where one model must be held tighter (or looser) than the rest.
+    max_tokens_per_model: Mapping[str, int] = field(default_factory=dict)
+    token_limit_keys: tuple[str, ...] = DEFAULT_TOKEN_LIMIT_KEYS
+    #: Top-level keys (and keys of `parameters`) accepted besides the model's inputs.
+    parameters: tuple[str, ...] = DEFAULT_GENERATE_PARAMETERS
+
+    def max_tokens_for(self, model: str) -> int:
+        return self.max_tokens_per_model.get(model, self.max_tokens)
+
+
 @dataclass(frozen=True)
 class MetricsSection:
     #: Append Triton's own nv_* metrics to /metrics, so one scrape target serves both.
@@ -188,6 +224,7 @@ class SidecarConfig:
     validation: ValidationSection = field(default_factory=ValidationSection)
     filtering: FilteringSection = field(default_factory=FilteringSection)
     proxy: ProxySection = field(default_factory=ProxySection)
+    generation: GenerationSection = field(default_factory=GenerationSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     #: Where the configuration came from, for messages ("defaults" when no file was given).
@@ -296,6 +333,13 @@ CONFIG_SCHEMA: dict[str, Any] = {
             passive_failure_threshold=_int(1),
             retry_after_s=_int(1),
             client_body_timeout_s=_POSITIVE,
+        ),
+        "generation": _section(
+            idle_timeout_s=_POSITIVE,
+            max_tokens=_int(1),
+            max_tokens_per_model={"type": "object", "additionalProperties": _int(1)},
+            token_limit_keys={"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True},
+            parameters={"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True},
         ),
         "metrics": _section(include_triton=_BOOL, triton_timeout_s=_POSITIVE),
         "logging": _section(
@@ -413,6 +457,15 @@ def _short(message: str, limit: int = 160) -> str:
     return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
+def _generation(raw: Mapping[str, Any]) -> GenerationSection:
+    values = dict(raw)
+    values["max_tokens_per_model"] = dict(values.get("max_tokens_per_model", {}))
+    for key in ("token_limit_keys", "parameters"):
+        if key in values:
+            values[key] = tuple(values[key])
+    return GenerationSection(**values)
+
+
 def _build(raw: dict[str, Any], source: str) -> SidecarConfig:
     filtering = raw.get("filtering", {})
     rules = tuple(
@@ -433,6 +486,7 @@ def _build(raw: dict[str, Any], source: str) -> SidecarConfig:
         validation=ValidationSection(**validation),
         filtering=FilteringSection(rules=rules),
         proxy=ProxySection(**raw.get("proxy", {})),
+        generation=_generation(raw.get("generation", {})),
         metrics=MetricsSection(**raw.get("metrics", {})),
         logging=LoggingSection(**raw.get("logging", {})),
         source=source,

@@ -9,7 +9,17 @@ A golden file is `<golden_dir>/<model>/<case>.json` (or .yaml):
                                        "atol": 1e-5, "rtol": 1e-4}}}}
 
 or, for an abnormal input the model must reject, `"expect": {"status": 400, "error_contains": "..."}`
-(501 for a decoupled model, which Triton serves on gRPC streams only).
+(501 for a decoupled model over /infer: Triton serves it on streams only).
+
+
+A generative model's case names its endpoint (`infer` is the default) and expects text:
+
+    {"endpoint": "generate_stream", "request": {"text_input": "alpha beta", "max_tokens": 8},
+     "expect": {"status": 200, "text": {"field": "text_output", "equals": "alpha beta"},
+                "max_first_event_s": 0.5, "max_total_s": 2.0}}
+
+`text` compares the named field (for a stream, concatenated over all events) with one of `equals`,
+`contains` or `regex` (Python syntax, searched anywhere); the two bounds are optional.
 This module does not talk to Triton; `compare_outputs` judges an answer already received.
 """
 
@@ -69,6 +79,11 @@ class GoldenFileError(ValueError):
 
 _SHAPE = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 _DATATYPE = {"enum": sorted(NUMPY_DTYPES)}
+INFER = "infer"
+GENERATE = "generate"
+GENERATE_STREAM = "generate_stream"
+ENDPOINTS = (INFER, GENERATE, GENERATE_STREAM)
+_TEXT_MATCHES = ("equals", "contains", "regex")
 GOLDEN_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
@@ -77,44 +92,28 @@ GOLDEN_SCHEMA: dict[str, Any] = {
     "properties": {
         "description": {"type": "string"},
         "version": {"type": ["string", "integer"]},
-        "request": {
-            "type": "object",
-            "required": ["inputs"],
-            "properties": {
-                "id": {"type": "string"},
-                "parameters": {"type": "object"},
-                "inputs": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "required": ["name", "shape", "datatype", "data"],
-                        "properties": {
-                            "name": {"type": "string", "minLength": 1},
-                            "shape": _SHAPE,
-                            "datatype": _DATATYPE,
-                            "data": {"type": "array"},
-                            "parameters": {"type": "object"},
-                        },
-                    },
-                },
-                "outputs": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["name"],
-                        "properties": {"name": {"type": "string"}, "parameters": {"type": "object"}},
-                    },
-                },
-            },
-        },
+        "endpoint": {"enum": list(ENDPOINTS)},
+        # infer requests are checked against _INFER_REQUEST_SCHEMA; generate requests are one flat
+        # object of inputs and parameters, checked by the sidecar's own generate check at probe time.
+        "request": {"type": "object"},
         "expect": {
             "type": "object",
             "additionalProperties": False,
             "properties": {
                 "status": {"type": "integer", "minimum": 200, "maximum": 501},
                 "error_contains": {"type": "string"},
+                "text": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["field"],
+                    "minProperties": 2,
+                    "maxProperties": 2,
+                    "properties": {"field": {"type": "string", "minLength": 1}, "equals": {"type": "string"},
+                                   "contains": {"type": "string", "minLength": 1},
+                                   "regex": {"type": "string", "minLength": 1}},
+                },
+                "max_first_event_s": {"type": "number", "exclusiveMinimum": 0},
+                "max_total_s": {"type": "number", "exclusiveMinimum": 0},
                 "outputs": {
                     "type": "object",
                     "additionalProperties": {
@@ -134,6 +133,41 @@ GOLDEN_SCHEMA: dict[str, Any] = {
         },
     },
 }
+#: An infer request as golden files hold it (the v2 JSON request).
+_INFER_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["inputs"],
+    "properties": {
+        "id": {"type": "string"},
+        "parameters": {"type": "object"},
+        "inputs": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "shape", "datatype", "data"],
+                "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "shape": _SHAPE,
+                    "datatype": _DATATYPE,
+                    "data": {"type": "array"},
+                    "parameters": {"type": "object"},
+                },
+            },
+        },
+        "outputs": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {"name": {"type": "string"}, "parameters": {"type": "object"}},
+            },
+        },
+    },
+}
+
+
 _VALIDATOR = jsonschema.Draft202012Validator(GOLDEN_SCHEMA)
 
 
@@ -155,6 +189,33 @@ class ReceivedOutput:
 
 
 @dataclass(frozen=True)
+class ExpectedText:
+    """A generate answer's text field (for a stream: concatenated over its events) and the match."""
+
+    field: str
+    #: "equals", "contains" or "regex"
+    match: str
+    value: str
+
+    def mismatch(self, text: str) -> str | None:
+        """None when `text` matches; else what an operator reads in the probe's cause."""
+        if self.match == "equals":
+            ok = text == self.value
+        elif self.match == "contains":
+            ok = self.value in text
+        else:
+            ok = re.search(self.value, text) is not None
+        if ok:
+            return None
+        want = {"equals": "", "contains": "containing ", "regex": "matching "}[self.match]
+        return f"{self.field} expected {want}{_short_text(self.value)!r}, got {_short_text(text)!r}"
+
+
+def _short_text(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
 class GoldenCase:
     model: str
     name: str
@@ -165,13 +226,25 @@ class GoldenCase:
     expect_status: int = 200
     error_contains: str = ""
     outputs: Mapping[str, ExpectedOutput] = field(default_factory=dict)
+    #: infer, generate or generate_stream (Triton's generate extension: LLM backends).
+    endpoint: str = INFER
+    text: ExpectedText | None = None
+    #: Bounds (s) on the time to the first event and on the whole answer; None = only probes.timeout_s.
+    max_first_event_s: float | None = None
+    max_total_s: float | None = None
 
     @property
     def expects_error(self) -> bool:
         return self.expect_status != 200
 
     @property
+    def is_generate(self) -> bool:
+        return self.endpoint != INFER
+
+    @property
     def input_datatypes(self) -> dict[str, str]:
+        if self.is_generate:
+            return {}  # generate keys are inputs or parameters; Triton's metadata decides which
         return {i["name"]: i["datatype"] for i in self.request["inputs"]}
 
     @property
@@ -214,7 +287,7 @@ def load_model_dir(model_dir: Path) -> tuple[GoldenCase, ...]:
     return tuple(load_golden_file(p, model=model_dir.name) for p in golden_files(model_dir))
 
 
-_REQUEST_VALIDATOR = jsonschema.Draft202012Validator(GOLDEN_SCHEMA["properties"]["request"])
+_REQUEST_VALIDATOR = jsonschema.Draft202012Validator(_INFER_REQUEST_SCHEMA)
 
 
 def check_request(request: Any, path: Path, where: str = "$.request") -> None:
@@ -252,8 +325,11 @@ def load_golden_file(path: Path, *, model: str) -> GoldenCase:
     if errors:
         error = errors[0]
         raise GoldenFileError(f"{path}: at {json_path(error.absolute_path)}: {short_message(error.message)}")
-    check_request(raw["request"], path)
+    endpoint = raw.get("endpoint", INFER)
+    if endpoint == INFER:
+        check_request(raw["request"], path)
     expect = raw["expect"]
+    text, bounds = _generate_expectations(path, endpoint, expect)
     outputs = {}
     for name, spec in expect.get("outputs", {}).items():
         where = f"$.expect.outputs.{name}"
@@ -266,8 +342,11 @@ def load_golden_file(path: Path, *, model: str) -> GoldenCase:
             rtol=float(spec.get("rtol", DEFAULT_RTOL)),
         )
     status = int(expect.get("status", 200))
-    if status == 200 and not outputs:
-        raise GoldenFileError(f"{path}: at $.expect: a status-200 case needs 'outputs' to compare")
+    if status == 200 and not outputs and text is None:
+        needs = "'text'" if endpoint != INFER else "'outputs'"
+        raise GoldenFileError(f"{path}: at $.expect: a status-200 case needs {needs} to compare")
+    if status != 200 and text is not None:
+        raise GoldenFileError(f"{path}: at $.expect.text: an error case ({status}) expects no text")
     if status != 200 and outputs:
         raise GoldenFileError(f"{path}: at $.expect.outputs: an error case ({status}) expects no outputs")
     # 501: what Triton answers over HTTP /infer for a decoupled model (served only on streams).
@@ -283,7 +362,39 @@ def load_golden_file(path: Path, *, model: str) -> GoldenCase:
         expect_status=status,
         error_contains=expect.get("error_contains", ""),
         outputs=outputs,
+        endpoint=endpoint,
+        text=text,
+        max_first_event_s=bounds[0],
+        max_total_s=bounds[1],
     )
+
+
+def _generate_expectations(path: Path, endpoint: str, expect: Mapping[str, Any]
+                           ) -> tuple[ExpectedText | None, tuple[float | None, float | None]]:
+    """The text expectation and time bounds of a generate case; refused on an infer case."""
+    keys = [k for k in ("text", "max_first_event_s", "max_total_s") if k in expect]
+    if endpoint == INFER:
+        if keys:
+            raise GoldenFileError(f"{path}: at $.expect.{keys[0]}: only for generate and generate_stream cases "
+                                  "(set \"endpoint\")")
+        return None, (None, None)
+    if "outputs" in expect:
+        raise GoldenFileError(f"{path}: at $.expect.outputs: a {endpoint} case compares 'text', not tensors")
+    if "max_first_event_s" in expect and endpoint != GENERATE_STREAM:
+        raise GoldenFileError(f"{path}: at $.expect.max_first_event_s: only a generate_stream case has events")
+    text = None
+    if "text" in expect:
+        spec = expect["text"]
+        match = next(k for k in _TEXT_MATCHES if k in spec)
+        if match == "regex":
+            try:
+                re.compile(spec["regex"])
+            except re.error as e:
+                raise GoldenFileError(f"{path}: at $.expect.text.regex: not a regular expression: {e}") from e
+        text = ExpectedText(spec["field"], match, spec[match])
+    first = expect.get("max_first_event_s")
+    total = expect.get("max_total_s")
+    return text, (float(first) if first is not None else None, float(total) if total is not None else None)
 
 
 def _read(path: Path) -> Any:

@@ -74,7 +74,8 @@ def add_http_routes(app: web.Application) -> None:
         router.add_get(prefix + "/ready", _proxied(model_ready))
         router.add_get(prefix + "/config", _proxied(model_config))
         router.add_get(prefix + "/stats", _proxied(statistics))
-        for control in ("/trace/setting", "/generate", "/generate_stream", "/infer_stream"):
+        # generate and generate_stream: sidecar.generate_front (added by the app after these)
+        for control in ("/trace/setting", "/infer_stream"):
             router.add_route("*", prefix + control, _proxied(forbidden))
     for control in ("/v2/repository{tail:.*}", "/v2/systemsharedmemory{tail:.*}",
                     "/v2/cudasharedmemory{tail:.*}", "/v2/logging", "/v2/trace/setting"):

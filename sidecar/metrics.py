@@ -23,6 +23,8 @@ PREFIX = "triton_sidecar"
 #: Probe and proxy latencies: 1 ms to 10 s (a probe is bounded by probes.timeout_s).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: Heals and recoveries: a small python model reloads in ~1.5 s, a large GPU model in minutes.
+#: Events in one generate stream: one per token, from a one-word answer to a long completion.
+EVENT_COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 HEAL_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -86,6 +88,21 @@ class SidecarMetrics:
         self.model_without_golden = Gauge(f"{PREFIX}_model_without_golden", "1 for a guarded model that has no "
                                           "golden files (probed by readiness and metadata only).", ["model"],
                                           registry=registry)
+
+        # Generate streams (server-sent events from decoupled models)
+        self.stream_first_event = Histogram(f"{PREFIX}_stream_first_event_seconds",
+                                            "From the request to the first event sent to the client.",
+                                            ["model"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.stream_inter_event = Histogram(f"{PREFIX}_stream_inter_event_seconds",
+                                            "Between two events of one stream, as sent to the client.",
+                                            ["model"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.stream_events = Histogram(f"{PREFIX}_stream_events", "Events sent in one stream.", ["model"],
+                                       buckets=EVENT_COUNT_BUCKETS, registry=registry)
+        self.streams_in_flight = Gauge(f"{PREFIX}_streams_in_flight", "Generate streams open, per model.",
+                                       ["model"], registry=registry)
+        self.stream_endings = Counter(f"{PREFIX}_stream_endings", "Generate streams by how they ended "
+                                      "(complete, or the reason of their error event).", ["model", "outcome"],
+                                      registry=registry)
 
         # Triton
         self.triton_up = Gauge(f"{PREFIX}_triton_up", "1 when Triton answers /v2/health/live.", registry=registry)

@@ -274,6 +274,8 @@ async def _metadata_matches(
         if not declared:
             notes.append(f"the model's metadata declares no {kind}: its golden cases alone check them")
     for case in cases:
+        if case.text is not None and declared_outputs and case.text.field not in declared_outputs:
+            return f"golden case {case.name} reads output {case.text.field!r}, which the model does not declare"
         for name, datatype in case.input_datatypes.items() if declared_inputs else ():
             if name not in declared_inputs:
                 return f"golden case {case.name} sends input {name!r}, which the model does not declare"
@@ -289,6 +291,8 @@ async def _metadata_matches(
 
 async def _golden_case(triton: TritonClient, case: GoldenCase, timeout_s: float,
                        late: LateAnswers | None) -> str | None:
+    if case.is_generate:
+        return await _generate_case(triton, case, timeout_s)
     if late is None:
         outcome = await triton.infer_case(case, timeout_s=timeout_s)
     else:
@@ -304,6 +308,32 @@ async def _golden_case(triton: TritonClient, case: GoldenCase, timeout_s: float,
         return f"Triton answered {outcome.status}: {outcome.error}"
     mismatches = compare_outputs(case, outcome.outputs)
     return "; ".join(str(m) for m in mismatches) if mismatches else None
+
+
+async def _generate_case(triton: TritonClient, case: GoldenCase, timeout_s: float) -> str | None:
+    """A generate case: its status, Triton's error events, the text and the time bounds. A stream
+    that stalls is cut by timeout_s (the probe then counts as timed out)."""
+    outcome = await triton.generate_case(case, timeout_s=timeout_s)
+    if case.expects_error:
+        if outcome.status != case.expect_status:
+            got = "a normal answer" if outcome.status == 200 else f"{outcome.status}: {outcome.error}"
+            return f"expected a {case.expect_status} rejection, got {got}"
+        if case.error_contains and case.error_contains not in outcome.error:
+            return f"expected the error to mention {case.error_contains!r}, got {outcome.error!r}"
+        return None
+    if outcome.status != 200:
+        return f"Triton answered {outcome.status}: {outcome.error}"
+    if outcome.error:
+        return f"Triton's answer ended in an error after {outcome.events} event(s): {outcome.error}"
+    if case.max_first_event_s is not None and (outcome.first_event_s is None
+                                                or outcome.first_event_s > case.max_first_event_s):
+        got = "no event" if outcome.first_event_s is None else f"{outcome.first_event_s:.3f} s"
+        return f"first event expected within {case.max_first_event_s:g} s, got {got}"
+    if case.max_total_s is not None and outcome.total_s > case.max_total_s:
+        return f"whole answer expected within {case.max_total_s:g} s, took {outcome.total_s:.3f} s"
+    if case.text is not None:
+        return case.text.mismatch(outcome.text)
+    return None
 
 
 @dataclass

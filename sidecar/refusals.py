@@ -44,6 +44,10 @@ class Reason(str, enum.Enum):
     PARAMETER = ("parameter", 400, "INVALID_ARGUMENT")  # a parameter of the wrong type
     UNKNOWN_OUTPUT = ("unknown_output", 400, "INVALID_ARGUMENT")
     BUSINESS_RULE = ("business_rule", 400, "INVALID_ARGUMENT")  # the model's JSON Schema or x-tensors rules
+    UNKNOWN_FIELD = ("unknown_field", 400, "INVALID_ARGUMENT")  # generate: neither an input nor a parameter
+    TOO_MANY_TOKENS = ("too_many_tokens", 400, "INVALID_ARGUMENT")  # generate: max_tokens over the ceiling
+    # generate on a model that streams several responses (Triton answers 200 with an error body)
+    STREAMING_MODEL = ("streaming_model", 400, "INVALID_ARGUMENT")
     UNSUPPORTED_MEDIA_TYPE = ("unsupported_media_type", 415, "INVALID_ARGUMENT")
     BODY_TOO_LARGE = ("body_too_large", 413, "RESOURCE_EXHAUSTED")
     TOO_MANY_ELEMENTS = ("too_many_elements", 413, "RESOURCE_EXHAUSTED")
@@ -66,6 +70,9 @@ class Reason(str, enum.Enum):
     TRITON_BAD_ANSWER = ("triton_bad_answer", 502, "INTERNAL")  # connection dropped, or not a v2 answer
     NON_FINITE_OUTPUT = ("non_finite_output", 502, "INTERNAL")  # NaN/Inf answer withheld
     TRITON_TIMEOUT = ("triton_timeout", 504, "DEADLINE_EXCEEDED")
+    # A stream that began and then went silent for generation.idle_timeout_s (an error event, as the
+    # status was already sent).
+    STREAM_IDLE = ("stream_idle", 504, "DEADLINE_EXCEEDED")
     # Counted, never seen by the client (499 is nginx's code for it).
     CLIENT_GONE = ("client_disconnected", 499, "CANCELLED")
 

@@ -23,7 +23,8 @@ import tritonclient.http as triton_http
 import tritonclient.http.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
-from sidecar.golden import GoldenCase, ReceivedOutput, request_as_arrays
+from sidecar.generation import EventSplitter, text_of
+from sidecar.golden import GENERATE_STREAM, GoldenCase, ReceivedOutput, request_as_arrays
 
 #: Longest Triton message we keep in our own errors and logs; Triton's shape errors run long.
 MAX_ERROR_CHARS = 300
@@ -67,6 +68,20 @@ class InferOutcome:
     status: int
     outputs: Mapping[str, ReceivedOutput] = field(default_factory=dict)
     error: str = ""
+
+
+@dataclass(frozen=True)
+class GenerateOutcome:
+    """What one generate (or generate_stream) call gave: the text of the case's field (concatenated
+    over events), Triton's error if any (an error event, or 200 with an error body), and timings."""
+
+    status: int
+    text: str = ""
+    error: str = ""
+    events: int = 0
+    #: Seconds from sending the request to the first event (streams) and to the end of the answer.
+    first_event_s: float | None = None
+    total_s: float = 0.0
 
 
 def _cut(text: str) -> str:
@@ -187,6 +202,50 @@ class TritonClient:
 
         return await self._call(post(), timeout_s)
 
+    async def generate_case(self, case: GoldenCase, timeout_s: float | None = None) -> GenerateOutcome:
+        """Send a generate case's request as a client would; read a stream event by event."""
+        path = f"v2/models/{quote(case.model)}" + (f"/versions/{case.version}" if case.version else "")
+        path += "/" + case.endpoint
+        body = json.dumps(case.request).encode()
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+        field_name = case.text.field if case.text is not None else "text_output"
+
+        async def post() -> GenerateOutcome:
+            started = loop_time()
+            async with self._session().post(f"{self.url}/{path}", data=body, headers=headers) as response:
+                if case.endpoint != GENERATE_STREAM or response.status != 200:
+                    raw = await response.read()
+                    if raw.startswith(b"data:"):
+                        raw = raw[5:].strip()
+                    try:
+                        doc = json.loads(raw)
+                    except ValueError as e:
+                        if response.status != 200:
+                            return GenerateOutcome(response.status, error=_error_message(raw))
+                        raise TritonError(502, _cut(f"a generate answer that is not JSON: {e}")) from e
+                    if not isinstance(doc, dict):
+                        raise TritonError(502, "a generate answer that is not a JSON object")
+                    error = _cut(str(doc["error"])) if "error" in doc else ""
+                    return GenerateOutcome(response.status, text_of(doc, field_name), error, 1,
+                                           total_s=loop_time() - started)
+                splitter, pieces, events, first = EventSplitter(), [], 0, None
+                async for chunk in response.content.iter_any():
+                    for data in splitter.feed(chunk):
+                        try:
+                            doc = json.loads(data)
+                        except ValueError as e:
+                            raise TritonError(502, _cut(f"an event that is not JSON: {e}")) from e
+                        if first is None:
+                            first = loop_time() - started
+                        if isinstance(doc, dict) and "error" in doc:
+                            return GenerateOutcome(200, "".join(pieces), _cut(str(doc["error"])), events, first,
+                                                   loop_time() - started)
+                        events += 1
+                        pieces.append(text_of(doc, field_name) if isinstance(doc, dict) else "")
+                return GenerateOutcome(200, "".join(pieces), "", events, first, loop_time() - started)
+
+        return await self._call(post(), timeout_s)
+
     def _request_body(self, case: GoldenCase) -> tuple[bytes, dict[str, str]]:
         """The request encoded once by tritonclient and kept: probes repeat it every few seconds,
         and encoding thousands of floats as JSON is most of a probe's CPU."""
@@ -217,6 +276,10 @@ class TritonClient:
             self._infer_session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
         return self._infer_session
+
+
+def loop_time() -> float:
+    return asyncio.get_running_loop().time()
 
 
 def _error_message(raw: bytes) -> str:

@@ -281,6 +281,8 @@ class ModelSpec:
     rules: RequestRules | None = None
     #: The filtering rules' verdict by output name, for servers whose metadata declares no outputs.
     is_hidden: Callable[[str], bool] | None = None
+    #: The model may send many responses to one request (LLM backends): generate_stream, not infer.
+    decoupled: bool = False
 
     def refuse(self, reason: Reason, message: str, input: str = "") -> InvalidRequest:
         return InvalidRequest(reason, message, model=self.model, input=input)
@@ -308,7 +310,8 @@ def build_model_spec(
     hidden = frozenset(name for name in outputs if is_hidden is not None and is_hidden(name))
     return ModelSpec(model=model, version=version, inputs=inputs, outputs=outputs, hidden_outputs=hidden,
                      max_batch_size=int(config.get("max_batch_size", 0) or 0), limits=limits, rules=rules,
-                     is_hidden=is_hidden)
+                     is_hidden=is_hidden,
+                     decoupled=bool((config.get("model_transaction_policy") or {}).get("decoupled", False)))
 
 
 # ---- the request check ---------------------------------------------------------------------------------

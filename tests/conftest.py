@@ -13,7 +13,7 @@ import pytest
 from sidecar.tritonserver import LocalTriton
 from tests.harness import EXAMPLES, FreshModel, RunningSidecar, start_sidecar, stop_sidecar
 
-EXAMPLE_MODELS = ["credit_risk", "image_classifier"]
+EXAMPLE_MODELS = ["credit_risk", "image_classifier", "text_echo"]
 
 
 def _repository_copy(root: Path) -> Path:

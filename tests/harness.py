@@ -32,6 +32,8 @@ from sidecar.tritonserver import LocalTriton, stub_pids
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "model_repository"
 FAULTY_TEMPLATE = REPO / "tests" / "models" / "faulty"
+#: A decoupled text model (generate_stream) with faults: the generative counterpart of `faulty`.
+FAULTY_TEXT_TEMPLATE = REPO / "tests" / "models" / "faulty_text"
 GOLDEN = REPO / "golden_requests"
 
 #: Probe settings scaled down for tests: a fault is detected in a second or two. The timeout stays
@@ -80,15 +82,17 @@ class FreshModel:
     golden_dir: Path
 
     @classmethod
-    def create(cls, triton: LocalTriton, scratch: Path, prefix: str = "faulty") -> FreshModel:
+    def create(cls, triton: LocalTriton, scratch: Path, prefix: str = "faulty", *,
+               template: Path = FAULTY_TEMPLATE, golden_from: str = "credit_risk") -> FreshModel:
+        """A copy of `template` named `<prefix>_<pid>_<n>`, probed with the golden cases of `golden_from`."""
         name = f"{prefix}_{os.getpid()}_{next(_counter)}"
         path = triton.model_repository / name
-        shutil.copytree(FAULTY_TEMPLATE, path)
-        config = (path / "config.pbtxt").read_text().replace('name: "faulty"', f'name: "{name}"')
+        shutil.copytree(template, path)
+        config = (path / "config.pbtxt").read_text().replace(f'name: "{template.name}"', f'name: "{name}"')
         (path / "config.pbtxt").write_text(config)
         golden_dir = scratch / f"golden-{name}"
         (golden_dir / name).mkdir(parents=True)
-        for case in (GOLDEN / "credit_risk").glob("*.json"):
+        for case in (GOLDEN / golden_from).glob("*.json"):
             shutil.copy(case, golden_dir / name / case.name)
         model = cls(triton, name, path, golden_dir)
         model.load()

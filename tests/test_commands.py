@@ -28,6 +28,8 @@ from tests.harness import GOLDEN, REPO, SLACK_S, FreshModel
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "triton-sidecar"
 EXAMPLE_MODELS = ["credit_risk", "image_classifier"]
+#: The example models every shipped golden case is checked against (text_echo: generate_stream).
+CHECKED_MODELS = [*EXAMPLE_MODELS, "text_echo"]
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -204,6 +206,32 @@ def test_recorded_error_text_is_the_stable_start_of_tritons_message(message, kep
     assert stable_error_text(message) == kept
 
 
+def test_record_then_check_round_trips_the_generative_model_s_cases(triton, tmp_path, capsys):
+    shipped = load_golden_dir(GOLDEN, models=["text_echo"])["text_echo"]
+    recorded_dir = tmp_path / "golden"
+    for case in shipped:
+        request = write_request(tmp_path / "requests" / f"{case.name}.json", dict(case.request))
+        out = recorded_dir / "text_echo" / f"{case.name}.json"
+        extra = ["--expect-error"] if case.expects_error else []
+        code, printed, err = run_cli(capsys, "record", "--triton-url", triton.url, "--model", "text_echo",
+                                     "--endpoint", case.endpoint, "--request", request, "--out", out, *extra)
+        assert (code, err) == (0, ""), err
+        recorded = load_golden_file(out, model="text_echo")
+        assert (recorded.endpoint, recorded.request, recorded.expect_status) == (
+            case.endpoint, case.request, case.expect_status)
+        assert recorded.text == case.text, printed
+    code, out, _ = run_cli(capsys, "check", "--triton-url", triton.url, "--golden-dir", recorded_dir)
+    assert code == 0, out
+
+
+def test_record_refuses_to_pin_generate_on_a_streaming_answer(triton, tmp_path, capsys):
+    request = write_request(tmp_path / "two_words.json", {"text_input": "alpha beta"})
+    code, _, err = run_cli(capsys, "record", "--triton-url", triton.url, "--model", "text_echo",
+                           "--endpoint", "generate", "--request", request, "--out", tmp_path / "x.json")
+    assert code == 1 and "exactly 1 response" in err, err
+    assert not (tmp_path / "x.json").exists()
+
+
 # ------------------------------------------------------------------------------------------------ check
 
 
@@ -215,9 +243,9 @@ def test_check_against_the_shipped_golden_requests_passes_through_the_console_sc
     )
     assert result.returncode == 0, result.stdout + result.stderr
     rows, footer = parse_table(result.stdout)
-    assert {r["model"] for r in rows} == set(EXAMPLE_MODELS)
+    assert {r["model"] for r in rows} == set(CHECKED_MODELS)
     assert all(r["result"] == "pass" for r in rows)
-    assert footer == [f"check passed: 2 models; 6 of 6 golden cases passed, Triton {triton.url}"]
+    assert footer == [f"check passed: 3 models; 10 of 10 golden cases passed, Triton {triton.url}"]
 
 
 @pytest.mark.fault
@@ -300,7 +328,7 @@ def test_both_renderings_of_one_report_agree_on_every_latency(triton):
     rows, _ = parse_table(render_table(report))
     as_json = json.loads(json.dumps(report_as_json(report)))
     timed = [c for m in as_json["models"] for c in m["checks"]]
-    assert len(rows) == len(timed) == 12
+    assert len(rows) == len(timed) == 19  # 3 models × (server, model ready, metadata) + 10 cases
     # The table shows tenths of a millisecond, the JSON hundredths: equal within the table's rounding.
     for row, check in zip(rows, timed, strict=True):
         assert abs(float(row["latency"].removesuffix(" ms")) - check["latency_ms"]) <= 0.055, (row, check)
@@ -363,7 +391,7 @@ def test_check_exits_1_with_a_clear_line_when_triton_does_not_answer(tmp_path, c
     rows, footer = parse_table(out)
     assert rows[0]["check"] == "server_ready" and rows[0]["result"] == "fail"
     assert footer[-1].startswith(f"check FAILED: Triton at {url} did not answer (server ready: Triton unreachable")
-    assert footer[-1].endswith("2 of 2 models could not be judged")
+    assert footer[-1].endswith("3 of 3 models could not be judged")
     code, report = check_json(capsys, "--triton-url", url, "--golden-dir", GOLDEN)
     assert code == 1 and report["triton_answered"] is False
 
@@ -512,7 +540,7 @@ def test_validate_accepts_the_shipped_files_and_a_good_schema(tmp_path, capsys, 
     monkeypatch.chdir(REPO)  # golden_dir defaults to golden_requests, relative to the working directory
     code, out, _ = run_cli(capsys, "validate", "--config", config)
     assert code == 0, out
-    assert out.splitlines()[-1] == (f"validate: OK (config {config}, 6 golden files for 2 models in "
+    assert out.splitlines()[-1] == (f"validate: OK (config {config}, 10 golden files for 3 models in "
                                     "golden_requests, 1 request schemas)")
 
 

@@ -40,6 +40,8 @@ SIDECAR_METRICS = frozenset({
     "triton_sidecar_outputs_filtered_total",
     "triton_sidecar_proxy_quarantined_total",
     "triton_sidecar_proxy_in_flight",
+    "triton_sidecar_streams_in_flight",
+    "triton_sidecar_stream_endings_total",
     "triton_sidecar_triton_up",
     "triton_sidecar_triton_ready",
     "triton_sidecar_build_info",
@@ -49,6 +51,9 @@ SIDECAR_HISTOGRAMS = frozenset({
     "triton_sidecar_heal_duration_seconds",
     "triton_sidecar_time_to_recover_seconds",
     "triton_sidecar_proxy_request_duration_seconds",
+    "triton_sidecar_stream_first_event_seconds",
+    "triton_sidecar_stream_inter_event_seconds",
+    "triton_sidecar_stream_events",
 })
 #: Triton's own, passed through on the same scrape when metrics.include_triton is on.
 TRITON_METRICS = frozenset({

@@ -1,0 +1,277 @@
+"""Generative models through the sidecar, against a real Triton: generate_stream relayed event by
+event, bodies checked before Triton, faults in the middle of a stream, golden text cases that
+quarantine and heal a model that answers wrong text or stalls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from sidecar.states import ModelState
+from sidecar.tritonserver import LocalTriton
+from tests.harness import FAULTY_TEXT_TEMPLATE, SLACK_S, FreshModel, sidecar_config, wait_for
+
+#: 20 words at the model's 10 ms per word: about 200 ms from the first event to the last.
+WORDS = " ".join(f"w{i}" for i in range(20))
+IDLE_S = 0.5
+
+
+@pytest.fixture
+def text_model(triton: LocalTriton, tmp_path: Path) -> Iterator[FreshModel]:
+    model = FreshModel.create(triton, tmp_path, prefix="text", template=FAULTY_TEXT_TEMPLATE, golden_from="text_echo")
+    yield model
+    model.remove()
+
+
+def _config(triton: LocalTriton, model: FreshModel, **sections: dict) -> Any:
+    generation = {"idle_timeout_s": IDLE_S, "max_tokens": 64, **sections.pop("generation", {})}
+    return sidecar_config(triton, models=[model.name], golden_dir=model.golden_dir, generation=generation,
+                          **sections)
+
+
+async def _healthy(sidecar: Any, model: str) -> None:
+    await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 30, what=f"{model} HEALTHY")
+
+
+async def read_stream(url: str, body: dict[str, Any], *, limit_s: float = 15.0
+                      ) -> tuple[int, list[tuple[float, dict[str, Any]]], dict[str, str]]:
+    """(status, [(seconds since the request, event)], headers) of one generate_stream call, read
+    event by event as a client would; a stream that does not end within limit_s fails the test."""
+    events: list[tuple[float, dict[str, Any]]] = []
+    async with aiohttp.ClientSession() as session:
+        started = time.perf_counter()
+        async with asyncio.timeout(limit_s):
+            async with session.post(url, json=body) as response:
+                if response.status != 200 or not response.content_type.startswith("text/event-stream"):
+                    return response.status, [(0.0, await response.json(content_type=None))], dict(response.headers)
+                buffer = b""
+                async for chunk in response.content.iter_any():
+                    buffer += chunk
+                    while b"\n\n" in buffer:
+                        event, buffer = buffer.split(b"\n\n", 1)
+                        assert event.startswith(b"data: "), event
+                        events.append((time.perf_counter() - started, json.loads(event[6:])))
+                return response.status, events, dict(response.headers)
+
+
+def _text(events: list[tuple[float, dict[str, Any]]]) -> str:
+    return "".join(e.get("text_output", "") for _, e in events)
+
+
+def triton_success_count(triton: LocalTriton, model: str) -> tuple[int, int]:
+    """Triton's own counters for the model: (successful, failed) requests."""
+    with urllib.request.urlopen(f"{triton.url}/v2/models/{model}/stats", timeout=10) as response:
+        stats = json.loads(response.read())["model_stats"][0]["inference_stats"]
+    return stats["success"]["count"], stats["fail"]["count"]
+
+
+async def test_events_reach_the_client_as_triton_sends_them_and_the_text_equals_triton_s(
+    triton: LocalTriton, text_model: FreshModel, start: Any
+) -> None:
+    sidecar = await start(_config(triton, text_model))
+    await _healthy(sidecar, text_model.name)
+    path = f"/v2/models/{text_model.name}/generate_stream"
+    body = {"text_input": WORDS, "max_tokens": 20}
+
+    status, events, headers = await read_stream(sidecar.url + path, body)
+    _, direct, _ = await read_stream(triton.url + path, body)
+
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    assert len(events) == 20 and _text(events) == _text(direct) == WORDS
+    first, last = events[0][0], events[-1][0]
+    # 19 gaps of 10 ms at the model: buffered answers would arrive all at once, at the end.
+    assert last - first > 0.12, f"events arrived together ({first:.3f} s, {last:.3f} s): buffered"
+    assert first < (last - first), "the first event came late: it waited for others"
+    assert [e for _, e in events] == [e for _, e in direct], "events must be passed on unchanged"
+    assert sidecar.metric("triton_sidecar_stream_first_event_seconds_count", model=text_model.name) == 1
+    assert sidecar.metric("triton_sidecar_stream_events_sum", model=text_model.name) == 20
+    assert sidecar.metric("triton_sidecar_stream_inter_event_seconds_count", model=text_model.name) == 19
+    assert sidecar.metric("triton_sidecar_streams_in_flight", model=text_model.name) == 0
+    assert sidecar.metric("triton_sidecar_stream_endings_total", model=text_model.name, outcome="complete") == 1
+
+
+#: (body, reason, field): each refused with 400 naming the field.
+BAD_BODIES = [
+    ({"text_input": "a", "temprature": 0}, "unknown_field", "temprature"),
+    ({"text_input": 5}, "datatype", "text_input"),
+    ({"text_input": "a", "max_tokens": 65}, "too_many_tokens", "max_tokens"),
+    ({"text_input": "a", "parameters": {"max_tokens": 1000}}, "too_many_tokens", "parameters.max_tokens"),
+    ({"text_input": "a", "max_tokens": "8"}, "datatype", "max_tokens"),
+    ({"text_input": "x" * 2000}, "bytes_element_too_long", "text_input"),
+    ({"max_tokens": 3}, "missing_input", "text_input"),
+    ({"text_input": ["a", "b"]}, "shape", "text_input"),
+    ({"text_input": "a", "temperature": {"x": 1}}, "parameter", "temperature"),
+]
+
+
+async def test_bad_bodies_are_refused_naming_the_field_and_never_reach_triton(
+    triton: LocalTriton, text_model: FreshModel, start: Any
+) -> None:
+    # One probe round only (interval 30 s): from then on Triton's counters move only for traffic.
+    sidecar = await start(_config(triton, text_model, validation={"max_bytes_element": 1024},
+                                  probes={"interval_s": 30}))
+    await _healthy(sidecar, text_model.name)
+    before = triton_success_count(triton, text_model.name)
+    for body, reason, field in BAD_BODIES:
+        for endpoint in ("generate_stream", "generate"):
+            url = f"{sidecar.url}/v2/models/{text_model.name}/{endpoint}"
+            async with sidecar.session.post(url, json=body) as r:
+                answer = await r.json()
+            assert r.status == 400, (body, answer)
+            assert (answer["reason"], answer["field"], answer["model"]) == (reason, field, text_model.name), answer
+    assert triton_success_count(triton, text_model.name) == before, "a refused body reached Triton"
+
+
+async def test_generate_on_a_streaming_model_is_an_error_status_not_a_200(
+    triton: LocalTriton, text_model: FreshModel, start: Any
+) -> None:
+    sidecar = await start(_config(triton, text_model))
+    await _healthy(sidecar, text_model.name)
+    url = f"{sidecar.url}/v2/models/{text_model.name}/generate"
+    async with sidecar.session.post(url, json={"text_input": "alpha beta"}) as response:
+        answer = await response.json()
+    assert response.status == 400 and answer["reason"] == "streaming_model", answer
+    assert "generate_stream" in answer["error"]
+    async with sidecar.session.post(url, json={"text_input": "alpha"}) as response:
+        one = await response.json()
+    assert response.status == 200 and one["text_output"] == "alpha"
+
+
+async def test_hidden_outputs_are_removed_from_every_event(
+    triton: LocalTriton, text_model: FreshModel, start: Any
+) -> None:
+    rules = ({"model": "text_.*", "drop_outputs": ("logprob",)},)
+    from sidecar.config import FilterRule
+    sidecar = await start(_config(triton, text_model, filtering={"rules": tuple(FilterRule(**r) for r in rules)}))
+    await _healthy(sidecar, text_model.name)
+    status, events, _ = await read_stream(f"{sidecar.url}/v2/models/{text_model.name}/generate_stream",
+                                          {"text_input": "a b c"})
+    assert status == 200 and _text(events) == "a b c"
+    assert all("logprob" not in e for _, e in events), events
+    assert sidecar.metric("triton_sidecar_outputs_filtered_total", model=text_model.name, output="logprob") == 3
+
+
+async def test_a_nan_event_is_withheld_and_ends_the_stream_with_an_error_event(
+    triton: LocalTriton, text_model: FreshModel, start: Any
+) -> None:
+    sidecar = await start(_config(triton, text_model, probes={"interval_s": 30}))
+    await _healthy(sidecar, text_model.name)
+    text_model.inject("nan")
+    url = f"{sidecar.url}/v2/models/{text_model.name}/generate_stream"
+
+    async def ends_with_nan_error() -> bool:
+        status, events, _ = await read_stream(url, {"text_input": "a b c"})
+        return status == 200 and events[-1][1].get("reason") == "non_finite_output"
+
+    await wait_for(ends_with_nan_error, 10, what="a stream ending with non_finite_output")
+    _, events, _ = await read_stream(url, {"text_input": "a b c"})
+    assert all("logprob" not in e or e.get("reason") for _, e in events)
+    assert events[-1][1]["outputs"] == ["logprob"] and "error" in events[-1][1]
+
+
+async def test_a_stub_killed_mid_stream_ends_the_client_s_stream_with_an_error_event(
+    triton: LocalTriton, text_model: FreshModel, start: Any
+) -> None:
+    sidecar = await start(_config(triton, text_model, probes={"interval_s": 30}))
+    await _healthy(sidecar, text_model.name)
+    url = f"{sidecar.url}/v2/models/{text_model.name}/generate_stream"
+    events: list[dict[str, Any]] = []
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as session, asyncio.timeout(IDLE_S + 10):
+        async with session.post(url, json={"text_input": " ".join(f"w{i}" for i in range(60)),
+                                           "max_tokens": 60}) as response:
+            assert response.status == 200
+            buffer = b""
+            async for chunk in response.content.iter_any():
+                buffer += chunk
+                while b"\n\n" in buffer:
+                    event, buffer = buffer.split(b"\n\n", 1)
+                    events.append(json.loads(event[6:]))
+                    if len(events) == 2:
+                        text_model.kill_stub()
+    # Triton itself leaves such a stream open forever; the sidecar's idle timeout ends it.
+    assert events[-1].get("reason") == "stream_idle", events[-1]
+    assert 2 <= len(events) - 1 < 60
+    assert time.monotonic() - started < IDLE_S + SLACK_S + 2
+    assert sidecar.metric("triton_sidecar_streams_in_flight", model=text_model.name) == 0
+
+
+async def test_a_dead_stub_before_a_stream_is_a_502_and_a_passive_signal(
+    triton: LocalTriton, text_model: FreshModel, start: Any
+) -> None:
+    sidecar = await start(_config(triton, text_model, probes={"interval_s": 30},
+                                  proxy={"passive_failure_threshold": 1}))
+    await _healthy(sidecar, text_model.name)
+    text_model.kill_stub()
+    url = f"{sidecar.url}/v2/models/{text_model.name}/generate_stream"
+
+    async def refused_as_server_fault() -> Any:
+        status, events, _ = await read_stream(url, {"text_input": "alpha"})
+        return events[0][1] if status == 502 else None
+
+    # Triton itself answers this with a 400 ("Stub process ... is not healthy"): a server fault,
+    # not the client's; it brings the next probe round forward (probes are 30 s apart here).
+    answer = await wait_for(refused_as_server_fault, 10, what="a 502 for the dead stub")
+    assert answer["reason"] == "triton_error" and "not healthy" in answer["error"], answer
+    judged = await wait_for(lambda: sidecar.first_transition_to(text_model.name, ModelState.DEGRADED), 10,
+                            what="the probe round the passive signal brought forward")
+    assert "not healthy" in judged.cause
+
+
+async def test_a_client_that_leaves_mid_stream_frees_its_stream(
+    triton: LocalTriton, text_model: FreshModel, start: Any
+) -> None:
+    sidecar = await start(_config(triton, text_model))
+    await _healthy(sidecar, text_model.name)
+    url = f"{sidecar.url}/v2/models/{text_model.name}/generate_stream"
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(url, json={"text_input": " ".join(["w"] * 60), "max_tokens": 60})
+        await response.content.readuntil(b"\n\n")
+        assert sidecar.metric("triton_sidecar_streams_in_flight", model=text_model.name) == 1
+        response.close()
+    await wait_for(lambda: sidecar.metric("triton_sidecar_streams_in_flight", model=text_model.name) == 0, 5,
+                   what="the stream to be freed")
+    await wait_for(lambda: sidecar.metric("triton_sidecar_stream_endings_total", model=text_model.name,
+                                          outcome="client_disconnected") == 1, 5, what="the ending counted")
+
+
+@pytest.mark.parametrize("fault", ["wrong", "stall"])
+async def test_wrong_text_or_a_stall_is_caught_by_the_golden_case_quarantined_and_healed(
+    triton: LocalTriton, text_model: FreshModel, start: Any, fault: str
+) -> None:
+    sidecar = await start(_config(triton, text_model))
+    await _healthy(sidecar, text_model.name)
+    url = f"{sidecar.url}/v2/models/{text_model.name}/generate_stream"
+    faulted = time.monotonic()
+    text_model.inject(fault)
+
+    quarantined = await wait_for(lambda: sidecar.first_transition_to(
+        text_model.name, ModelState.UNHEALTHY, ModelState.HEALING, after=faulted), 20, what="quarantine")
+    # wrong: "text_output expected 'alpha beta', got 'ahpla ateb'"; stall: the stream never ends
+    assert ("expected 'alpha beta'" if fault == "wrong" else "no answer within") in quarantined.cause, (
+        quarantined.cause)
+    await wait_for(lambda: sidecar.first_transition_to(text_model.name, ModelState.HEALTHY, after=quarantined.at),
+                   40, what="healed")
+    status, events, _ = await read_stream(url, {"text_input": "alpha beta"})
+    assert status == 200 and _text(events) == "alpha beta"
+
+
+async def test_a_quarantined_model_answers_503_with_retry_after_before_any_stream(
+    triton: LocalTriton, text_model: FreshModel, start: Any
+) -> None:
+    sidecar = await start(_config(triton, text_model, healing={"enabled": False}))
+    await _healthy(sidecar, text_model.name)
+    text_model.inject("wrong")
+    await wait_for(lambda: sidecar.state(text_model.name) is ModelState.UNHEALTHY, 20, what="UNHEALTHY")
+    status, events, headers = await read_stream(f"{sidecar.url}/v2/models/{text_model.name}/generate_stream",
+                                                {"text_input": "alpha beta"})
+    assert status == 503 and events[0][1]["reason"] == "quarantined"
+    assert headers["Retry-After"] == "5"
