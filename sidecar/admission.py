@@ -62,12 +62,16 @@ class Admission:
         health = self._states.get(model)
         return health is not None and health.state.serves_traffic
 
-    async def admit(self, model: str) -> None:
-        """Return while the model's answers are trusted; else hold (if configured) or refuse."""
+    async def admit(self, model: str, version: str = "") -> None:
+        """Return while the model's answers are trusted (for the version the request reaches: a
+        version whose golden cases pass is served while another is quarantined); else hold (if
+        configured) or refuse."""
         if self.serves(model):
             return
         health = self._states.get(model)
         assert health is not None
+        if health.trusts(version):
+            return
         hold_s = self._settings.hold_during_heal_s
         if hold_s > 0 and health.state is not ModelState.FAILED:
             gate = self._gate(model)
@@ -88,7 +92,8 @@ class Admission:
         health = self._states.get(model)
         assert health is not None
         reason = Reason.QUARANTINED if health.state.quarantined else Reason.NOT_VERIFIED
-        return Refusal(reason, f"model {model} is {health.state.value} ({cut(health.cause, 200)}); "
+        which = f"version {', '.join(sorted(health.broken_versions))} of " if health.broken_versions else ""
+        return Refusal(reason, f"{which}model {model} is {health.state.value} ({cut(health.cause, 200)}); "
                                "its answers are not trusted right now", model=model,
                        retry_after=self._settings.retry_after_s, state=health.state.value)
 

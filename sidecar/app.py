@@ -304,6 +304,8 @@ async def status(request: web.Request) -> web.Response:
             "reason": health.cause,
             "in_state_for_s": round(clock_now - health.since, 1) if health.since else None,
             "consecutive_failures": health.consecutive_failures,
+            # While quarantined for some versions only: those; the others are still served.
+            "broken_versions": sorted(health.broken_versions),
             "golden_cases": len(prober.cases_for(health.model)),
             "without_golden": not prober.cases_for(health.model),
             "golden_loaded_at": _iso(live.golden.loaded_at.get(health.model)),

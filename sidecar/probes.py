@@ -17,7 +17,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 
@@ -57,6 +57,8 @@ class ProbeResult:
     timed_out: bool = False
     #: Triton declared the fault final (StubUnhealthy): only a reload helps.
     final: bool = False
+    #: The model version a golden case named ("" = the version the server routes to).
+    version: str = ""
 
     @property
     def result(self) -> str:
@@ -75,6 +77,24 @@ class RoundResult:
     duration_s: float = 0.0
     #: What the round could not check and why (e.g. metadata that declares no inputs): warnings.
     notes: tuple[str, ...] = ()
+    #: The versions the model's metadata lists as available (Triton: every loaded version).
+    versions: tuple[str, ...] = ()
+
+    @property
+    def default_version(self) -> str:
+        """The version unversioned requests reach: Triton routes them to the highest loaded one."""
+        numbered = [v for v in self.versions if v.isdigit()]
+        return max(numbered, key=int) if numbered else ""
+
+    @property
+    def broken_versions(self) -> frozenset[str]:
+        """The versions a failed golden case blames; empty = the whole model (its readiness or
+        metadata failed, or the failed case's version is unknown)."""
+        failed = next((r for r in self.results if not r.ok), None)
+        if failed is None or failed.probe != GOLDEN:
+            return frozenset()
+        version = failed.version or self.default_version
+        return frozenset({version}) if version else frozenset()
 
     @property
     def ok(self) -> bool:
@@ -209,8 +229,9 @@ async def probe_model(
     started = time.time()
     results: list[ProbeResult] = []
     notes: list[str] = []
+    versions: list[str] = []
 
-    async def step(probe: str, call: Awaitable[str | None], case: str = "") -> ProbeResult:
+    async def step(probe: str, call: Awaitable[str | None], case: str = "", version: str = "") -> ProbeResult:
         timer = _Timer()
         try:
             problem = await call
@@ -227,21 +248,25 @@ async def probe_model(
             result = ProbeResult(probe, False, timer.elapsed, f"Triton answered {e.status}: {e.message}", case)
         else:
             result = ProbeResult(probe, problem is None, timer.elapsed, problem or "", case)
+        if version:
+            result = replace(result, version=version)
         results.append(result)
         return result
 
     def finish(conclusive: bool = True) -> RoundResult:
-        return RoundResult(model, tuple(results), conclusive, started, time.time() - started, tuple(notes))
+        return RoundResult(model, tuple(results), conclusive, started, time.time() - started, tuple(notes),
+                           tuple(versions))
 
     server = await step(SERVER_READY, _server_ready(triton, timeout_s))
     if not server.ok:
         return finish(conclusive=False)
     if not (await step(MODEL_READY, _model_ready(triton, model, timeout_s))).ok:
         return finish()
-    if not (await step(METADATA, _metadata_matches(triton, model, cases, timeout_s, notes))).ok:
+    if not (await step(METADATA, _metadata_matches(triton, model, cases, timeout_s, notes, versions))).ok:
         return finish()
     for case in cases:
-        outcome = await step(GOLDEN, _golden_case(triton, case, timeout_s, late), case=case.name)
+        outcome = await step(GOLDEN, _golden_case(triton, case, timeout_s, late), case=case.name,
+                             version=case.version)
         if outcome.timed_out or (stop_at_first_failure and not outcome.ok):
             break  # a hung model would make every further case wait the full bound too
     return finish()
@@ -263,9 +288,11 @@ async def _model_ready(triton: TritonClient, model: str, timeout_s: float) -> st
 
 
 async def _metadata_matches(
-    triton: TritonClient, model: str, cases: Sequence[GoldenCase], timeout_s: float, notes: list[str]
+    triton: TritonClient, model: str, cases: Sequence[GoldenCase], timeout_s: float, notes: list[str],
+    versions: list[str],
 ) -> str | None:
     metadata = await triton.model_metadata(model, timeout_s=timeout_s)
+    versions.extend(str(v) for v in metadata.get("versions") or ())
     declared_inputs = {t["name"]: t["datatype"] for t in metadata.get("inputs", [])}
     declared_outputs = {t["name"]: t["datatype"] for t in metadata.get("outputs", [])}
     # Other v2 servers (MLServer with a custom runtime) may declare nothing: then the golden cases
@@ -428,6 +455,9 @@ class Prober:
     def apply_round(self, model: str, result: RoundResult) -> None:
         if not result.conclusive:
             return  # Triton itself is down: the liveness grace handles that, not the healer
+        health = self._states.get(model)
+        if health is not None and result.versions:
+            health.default_version = result.default_version
         if result.ok:
             self._states.apply(model, lambda h, now: h.probe_passed(now))
             self._judged(model)
@@ -435,7 +465,7 @@ class Prober:
         failed = next(r for r in result.results if not r.ok)
         log.warning("probe_failed", model=model, probe=failed.probe, case=failed.case or None, final=result.final,
                     cause=result.cause, duration_ms=round(failed.duration_s * 1000, 1))
-        self._failed(model, result.cause, final=result.final)
+        self._failed(model, result.cause, final=result.final, versions=result.broken_versions)
 
     def _late_verdict(self, model: str, error: StubUnhealthy) -> None:
         """Triton's verdict on a request whose probe had given up: judged as if the round had seen it."""
@@ -446,10 +476,10 @@ class Prober:
         self._failed(model, f"golden request, answered late: Triton answered {error.status}: {error.message}",
                      final=True)
 
-    def _failed(self, model: str, cause: str, *, final: bool) -> None:
+    def _failed(self, model: str, cause: str, *, final: bool, versions: frozenset[str] = frozenset()) -> None:
         if final:
             self._on_stub_dead(model)
-        self._states.apply(model, lambda h, now: h.probe_failed(cause, now, final=final))
+        self._states.apply(model, lambda h, now: h.probe_failed(cause, now, final=final, versions=versions))
         self._judged(model)
 
     def _judged(self, model: str) -> None:

@@ -114,7 +114,7 @@ class ServingCore:
 
     async def admitted_spec(self, model: str, version: str) -> ModelSpec:
         """Wait for admission, then the model's spec (streams call this for every request)."""
-        await self.admission.admit(model)
+        await self.admission.admit(model, version)
         try:
             return await self.specs.get(model, version)
         except UpstreamFailure as e:

@@ -60,6 +60,22 @@ class ModelHealth:
         self.consecutive_failures = 0
         self.consecutive_successes = 0
         self.first_failure_at: float | None = None
+        #: While not serving: the versions the failing probes blame, the others still answer
+        #: correctly (empty = the whole model is untrusted).
+        self.broken_versions: frozenset[str] = frozenset()
+        #: The version unversioned requests reach (the server's routing; "" = not known).
+        self.default_version = ""
+
+    def trusts(self, version: str) -> bool:
+        """May a request for `version` ("" = unversioned) be served? While the model is quarantined
+        for one version's failures, the others are still trusted, except during a heal (the reload
+        takes every version down)."""
+        if self.state.serves_traffic:
+            return True
+        if not self.broken_versions or self.state not in (ModelState.UNHEALTHY, ModelState.FAILED):
+            return False
+        reached = version or self.default_version
+        return bool(reached) and reached not in self.broken_versions
 
     def _move(self, to: ModelState, cause: str, now: float) -> Transition | None:
         if to is self.state:
@@ -81,6 +97,7 @@ class ModelHealth:
     def probe_passed(self, now: float) -> Transition | None:
         if self.state in (ModelState.HEALING, ModelState.FAILED):
             return None  # the healer owns these states
+        self.broken_versions = frozenset()
         self.consecutive_failures = 0
         self.consecutive_successes += 1
         if self.state in (ModelState.UNKNOWN, ModelState.WARMING):
@@ -91,10 +108,13 @@ class ModelHealth:
             return self._move(ModelState.HEALTHY, f"probes passed {self.consecutive_successes} time(s) in a row", now)
         return None
 
-    def probe_failed(self, cause: str, now: float, *, final: bool = False) -> Transition | None:
-        """`final`: Triton said the fault lasts until a reload (see the module docstring)."""
+    def probe_failed(self, cause: str, now: float, *, final: bool = False,
+                     versions: frozenset[str] = frozenset()) -> Transition | None:
+        """`final`: Triton said the fault lasts until a reload (see the module docstring).
+        `versions`: the versions the failure is confined to (empty: the whole model)."""
         if self.state in (ModelState.HEALING, ModelState.FAILED):
             return None
+        self.broken_versions = versions
         self.consecutive_successes = 0
         self.consecutive_failures += 1
         if self.first_failure_at is None:
@@ -112,6 +132,7 @@ class ModelHealth:
         return self._move(ModelState.HEALING, cause, now)
 
     def heal_succeeded(self, cause: str, now: float) -> Transition | None:
+        self.broken_versions = frozenset()
         self.consecutive_failures = 0
         self.consecutive_successes = 0
         return self._move(ModelState.HEALTHY, cause, now)

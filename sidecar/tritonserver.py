@@ -258,9 +258,9 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def stub_pids(model: str, parent: int | None = None) -> list[int]:
-    """PIDs of the python backend stub processes serving `model` (found by their command line),
-    only those started by the tritonserver process `parent` when given."""
+def stub_pids(model: str, parent: int | None = None, version: str = "1") -> list[int]:
+    """PIDs of the python backend stub processes serving `version` of `model` (found by their
+    command line), only those started by the tritonserver process `parent` when given."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -271,7 +271,7 @@ def stub_pids(model: str, parent: int | None = None) -> list[int]:
             continue
         if not cmdline or not cmdline[0].endswith(b"triton_python_backend_stub"):
             continue
-        if not any(arg.endswith(f"/{model}/1/model.py".encode()) for arg in cmdline):
+        if not any(arg.endswith(f"/{model}/{version}/model.py".encode()) for arg in cmdline):
             continue
         if parent is not None and _parent_pid(entry) != parent:
             continue
