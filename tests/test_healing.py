@@ -220,8 +220,10 @@ async def test_a_stub_triton_declares_dead_skips_the_failure_threshold(triton, f
         fresh_model.kill_stub()
         unhealthy = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.UNHEALTHY), 10,
                                    what="UNHEALTHY")
-    # The probe gave up after 0.3 s; Triton's late answer ("Stub process ... is not healthy") decided.
-    late = [e for e in logs if e["event"] == "probe_late_answer"]
-    assert late and late[0]["model"] == model, [e["event"] for e in logs]
+    # Triton's verdict ("Stub process ... is not healthy") decided: mostly as a late answer to a
+    # probe that gave up after 0.3 s, sometimes (a slow machine, a round that began late) within it.
+    late = [e for e in logs if e["event"] == "probe_late_answer" and e["model"] == model]
+    final = [e for e in logs if e["event"] == "probe_failed" and e.get("final") and e["model"] == model]
+    assert late or final, [e["event"] for e in logs]
     assert sidecar.app[STATES].get(model).consecutive_failures < 5
-    assert "answered late" in unhealthy.cause
+    assert "not healthy" in unhealthy.cause, unhealthy.cause

@@ -38,7 +38,7 @@ class Recorder:
     fetched: list[tuple[str, str, str]] = field(default_factory=list)
     probes_asked: list[str] = field(default_factory=list)
     unreachable: list[str] = field(default_factory=list)
-    triton_errors: list[tuple[str, str]] = field(default_factory=list)
+    stubs_dead: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -85,7 +85,7 @@ def build_core(**proxy: Any) -> tuple[ServingCore, ModelStates, Recorder, Collec
         return 200, json.dumps(METADATA if what == "metadata" else CONFIG).encode()
 
     core = ServingCore(config, states=states, metrics=SidecarMetrics(registry), fetch_document=fetch,
-                       cases_for=lambda model: (), note_triton_error=lambda m, c: recorder.triton_errors.append((m, c)),
+                       cases_for=lambda model: (), note_stub_dead=recorder.stubs_dead.append,
                        probe_soon=recorder.probes_asked.append, mark_unreachable=recorder.unreachable.append)
     states.track("m")
     return core, states, recorder, registry
@@ -181,7 +181,13 @@ async def test_upstream_failures_map_to_one_refusal_each_and_repeated_ones_ask_f
     assert recorder.unreachable and "boom" in recorder.unreachable[0]
     # Threshold 2: three failures that count (timeout, server error, dropped) ask for one probe.
     assert recorder.probes_asked == ["m"]
-    assert [m for m, _ in recorder.triton_errors] == ["m", "m", "m"]
+    assert recorder.stubs_dead == []
+    # Triton's typed verdict that the stub died reaches the healer (it need not wait for the unload).
+    with pytest.raises(Refusal):
+        await serve(core, FakeExchange(request(), answer=UpstreamFailure(FailureKind.SERVER_ERROR, "Stub process "
+                                                                         "'m_0_0' is not healthy.", status=500,
+                                                                         stub_dead=True)))
+    assert recorder.stubs_dead == ["m"]
 
 
 async def test_a_full_breaker_refuses_with_overloaded() -> None:
