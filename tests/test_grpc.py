@@ -206,21 +206,25 @@ def decoupled_golden(tmp_path: Path) -> Path:
 
 
 async def _stream(target: str, count: int) -> list[tuple[float, object, object]]:
-    """Send one request to the decoupled model on a stream; (arrival time, result, error) per response."""
+    """Send one request to the decoupled model on a stream; (arrival time, result, error) per response.
+
+    Read to Triton's empty final response before closing: Triton 2.51 never releases a decoupled
+    request whose stream the client closed between its last data response and that final flag,
+    and the model then never finishes unloading (seen with and without the sidecar)."""
     client = grpcclient_aio.InferenceServerClient(target)
     tensor = grpcclient_aio.InferInput("COUNT", [1], "INT32")
     tensor.set_data_from_numpy(np.array([count], dtype=np.int32))
 
     async def requests():  # type: ignore[no-untyped-def]
-        yield {"model_name": DECOUPLED, "inputs": [tensor]}
+        yield {"model_name": DECOUPLED, "inputs": [tensor], "enable_empty_final_response": True}
 
-    expected = count - 100 if count > 100 else count
     got = []
     try:
         async for result, error in client.stream_infer(requests()):
-            got.append((time.monotonic(), result, error))
-            if len(got) == expected:
+            final = result is not None and result.get_response().parameters["triton_final_response"].bool_param
+            if final:
                 break
+            got.append((time.monotonic(), result, error))
     finally:
         await client.close()
     return got
