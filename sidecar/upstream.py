@@ -35,9 +35,10 @@ import httptools
 #: (proxy.max_in_flight_per_model, 64 by default); this keeps a burst's connections for the next
 #: one without holding hundreds of sockets after a spike.
 MAX_IDLE = 64
-#: An idle connection older than this (s) is closed rather than reused: servers and NATs drop idle
-#: connections silently after a while, and a request must not be the one to find out.
-IDLE_TIMEOUT_S = 30.0
+#: An idle connection is closed after this (s): servers and NATs drop idle connections silently
+#: after a while, and a request must not be the one to find out; and a pool that grew in a burst
+#: gives its sockets back. 15 s is aiohttp's client keep-alive.
+IDLE_TIMEOUT_S = 15.0
 #: A request body up to this size (bytes) goes out in the same write as its head (one syscall); a
 #: larger one is written on its own so it is not copied to be joined.
 _JOIN_LIMIT = 64 * 1024
@@ -218,6 +219,8 @@ class UpstreamPool:
         self._idle: collections.deque[_Connection] = collections.deque()
         self._open: set[_Connection] = set()
         self._closed = False
+        #: The timer that closes connections idle past idle_timeout_s (None while none is idle).
+        self._sweeper: asyncio.TimerHandle | None = None
         #: Connections opened, and requests sent on a connection an earlier request used (tests and
         #: benchmarks read them).
         self.connections_opened = 0
@@ -274,6 +277,9 @@ class UpstreamPool:
     async def close(self) -> None:
         """Close every connection, idle or in use (the app is shutting down)."""
         self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for connection in list(self._open):
             connection.abort()
         self._idle.clear()
@@ -342,6 +348,18 @@ class UpstreamPool:
             return
         connection.idle_since = now
         idle.append(connection)
+        if self._sweeper is None:
+            self._sweeper = self.loop.call_at(idle[0].idle_since + self.idle_timeout_s, self._sweep)
+
+    def _sweep(self) -> None:
+        """Close connections idle past their time, so a pool that grew in a burst shrinks back when
+        traffic falls, as aiohttp's keep-alive does (Triton never closes an idle connection)."""
+        self._sweeper = None
+        now, idle = self.loop.time(), self._idle
+        while idle and now - idle[0].idle_since >= self.idle_timeout_s:
+            idle.popleft().abort()
+        if idle:
+            self._sweeper = self.loop.call_at(idle[0].idle_since + self.idle_timeout_s, self._sweep)
 
     def _lost(self, connection: _Connection) -> None:
         self._open.discard(connection)

@@ -21,6 +21,7 @@ from sidecar.appkeys import LIVE, PROBER, ROSTER, STATES
 from sidecar.config import load_config
 from sidecar.reload import RELOAD_POLL_S, merge_reloadable
 from sidecar.states import ModelState
+from tests.conftest import EXAMPLE_MODELS
 from tests.harness import FAST_PROBES, GOLDEN, SLACK_S, FreshModel, sidecar_config, triton_post, wait_for
 
 #: A change on disk is in force within one poll, and judged by the round it triggers at once.
@@ -274,9 +275,9 @@ async def test_sighup_reloads_settings_in_a_real_process_and_keeps_what_needs_a_
 
 
 async def test_a_model_loaded_after_start_is_guarded_proxied_and_healed(own_triton, start, tmp_path):
-    golden = _golden_copy(tmp_path, "credit_risk", "image_classifier")
+    golden = _golden_copy(tmp_path, "credit_risk", "image_classifier", "text_echo")
     sidecar = await start(sidecar_config(own_triton, models=[], golden_dir=golden))
-    await wait_for(lambda: sidecar.app[ROSTER].models == ["credit_risk", "image_classifier"], 20,
+    await wait_for(lambda: sidecar.app[ROSTER].models == sorted(EXAMPLE_MODELS), 20,
                    what="the example models discovered")
 
     fresh = FreshModel.create(own_triton, tmp_path)  # loaded through the repository API

@@ -395,3 +395,20 @@ async def test_idle_connections_are_capped_and_expire(pools):
         assert (await pool.request("POST", "/a", {}, b"{}", timeout_s=5)).status == 200
         assert (pool.connections_opened, pool.reused) == (4, 0)
         await wait_for(lambda: server.closed_by_client == 3, 2, what="the expired connection closed")
+
+
+async def test_idle_connections_close_by_themselves_when_traffic_stops(pools):
+    async def keep_answering(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await server.read_request(reader) is not None:
+            writer.write(_answer(b"{}"))
+        server.closed_by_client += 1
+
+    async with TinyServer(keep_answering) as server:
+        pool = UpstreamPool(server.url, connect_timeout_s=1.0, idle_timeout_s=0.3)
+        pools.append(pool)
+        burst = await asyncio.gather(*(pool.request("POST", "/a", {}, b"{}", timeout_s=5) for _ in range(4)))
+        assert [a.status for a in burst] == [200] * 4 and pool.idle == pool.connections_opened
+        # No request comes to find them expired: the pool's own timer gives the sockets back.
+        await wait_for(lambda: pool.idle == 0 and server.closed_by_client == pool.connections_opened, 3,
+                       what="every idle connection closed")
+        assert pool.open_connections == 0
