@@ -192,15 +192,9 @@ class GrpcInferExchange:
             raise upstream_failure(e) from e
         return GrpcAnswer(payload)
 
-    def screen(self, answer: GrpcAnswer, policy: OutputPolicy) -> Screened[GrpcAnswer]:
-        return screen_infer_response(answer, policy)
-
-
-class _StreamScreen:
-    """The screening half of an exchange, for responses that arrive on a stream."""
-
     @staticmethod
     def screen(answer: GrpcAnswer, policy: OutputPolicy) -> Screened[GrpcAnswer]:
+        """Also used alone (on the class) for the responses that arrive on a stream."""
         return screen_infer_response(answer, policy)
 
 
@@ -414,8 +408,8 @@ class GrpcFront:
         lifecycle.request_started()
         outbox: asyncio.Queue[Any] = asyncio.Queue()
         upstream = self.upstream_stream(metadata=self._forwarded(context, ctx))
-        #: Model of each request sent and not answered yet, in order (Triton answers in order per model).
-        models: dict[str, str] = {}
+        #: The models this stream has sent requests to: each is watched for a quarantine.
+        models: set[str] = set()
         watchers: list[asyncio.Task[None]] = []
         code, reason = "OK", ""
 
@@ -435,7 +429,7 @@ class GrpcFront:
                     await outbox.put(_stream_error(e.message, e.reason.value, request_id=""))
                     continue
                 if request.model_name not in models:
-                    models[request.model_name] = request.model_name
+                    models.add(request.model_name)
                     watchers.append(asyncio.create_task(watch_quarantine(request.model_name)))
                 await upstream.write(payload)
             await upstream.done_writing()
@@ -474,7 +468,7 @@ class GrpcFront:
                                   failed=code != "OK")
             lifecycle.request_finished()
 
-    def _screen_stream_response(self, payload: bytes, models: dict[str, str]) -> bytes:
+    def _screen_stream_response(self, payload: bytes, models: set[str]) -> bytes:
         response = pb.ModelStreamInferResponse.FromString(payload)
         model = response.infer_response.model_name
         if response.error_message:
@@ -488,7 +482,7 @@ class GrpcFront:
             return payload
         original = response.infer_response.SerializeToString()
         try:
-            answer = self.core.screen(model, GrpcAnswer(original), _StreamScreen())
+            answer = self.core.screen(model, GrpcAnswer(original), GrpcInferExchange)  # type: ignore[arg-type]
         except Refusal as e:
             return _stream_error(e.message, e.reason.value, request_id=response.infer_response.id)
         if answer.payload is original:
@@ -564,13 +558,9 @@ async def grpc_front(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     front = GrpcFront(app)
-    app[GRPC_FRONT] = front
     await front.start(config.listen.host, config.listen.grpc_port)
     log.info("grpc_listening", listen=f"{config.listen.host}:{front.port}", triton=config.triton.grpc_url)
     try:
         yield
     finally:
         await front.stop(grace_s=1.0)
-
-
-GRPC_FRONT = web.AppKey("grpc_front", GrpcFront)
