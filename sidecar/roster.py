@@ -53,7 +53,8 @@ class Roster:
         self._cases_for = cases_for
         self._forget = forget
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._deciding: set[asyncio.Task[None]] = set()
+        #: Models without golden files whose release-or-heal is being decided (one task each).
+        self._deciding: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
         #: True once the first list of models is known (discovery answered, or the config's list).
         self.discovered = False
@@ -73,10 +74,12 @@ class Roster:
         if self._cases_for(model) or self._config().models:
             self._healer.request_heal(model)
             return
+        if model in self._deciding:
+            return  # every UNHEALTHY round calls here; one decision is enough
         # A task of its own: releasing ends the model's probe loop, which is where this call came from.
         task = asyncio.create_task(self._release_or_heal(model), name=f"unhealthy:{model}")
-        self._deciding.add(task)
-        task.add_done_callback(self._deciding.discard)
+        self._deciding[model] = task
+        task.add_done_callback(lambda _t: self._deciding.pop(model, None))
 
     async def _release_or_heal(self, model: str) -> None:
         try:
@@ -177,7 +180,7 @@ class Roster:
         self._metrics.model_without_golden.labels(model=model).set(0 if self._cases_for(model) else 1)
 
     async def close(self) -> None:
-        tasks = [*self._tasks.values(), *self._deciding]
+        tasks = [*self._tasks.values(), *self._deciding.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
