@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     demo.add_argument("--port", type=int, default=8080, help="the sidecar's port (default 8080)")
+    demo.add_argument("--grpc-port", type=int, default=8081,
+                      help="the sidecar's gRPC port (default 8081; 0: no gRPC front)")
     demo.add_argument("--duration", type=float, default=0,
                       help="stop after this many seconds (default: run until Ctrl-C)")
     demo.set_defaults(handler=_cmd_demo)
@@ -145,11 +147,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from e
     config = replace(
         base,
-        triton=replace(base.triton, url=triton.url, metrics_url=triton.metrics_url),
-        listen=replace(base.listen, host="127.0.0.1", port=args.port),
+        triton=replace(base.triton, url=triton.url, metrics_url=triton.metrics_url,
+                       grpc_url=f"127.0.0.1:{triton.ports.grpc}"),
+        listen=replace(base.listen, host="127.0.0.1", port=args.port, grpc_port=args.grpc_port),
         golden_dir=golden_dir,
     )
     url = f"http://127.0.0.1:{args.port}"
+    grpc_line = (f"\n  gRPC     127.0.0.1:{args.grpc_port} (KServe v2 and grpc.health.v1), e.g. with tritonclient.grpc"
+                 if args.grpc_port else "")
     stub = ", ".join(str(p) for p in stub_pids("credit_risk", parent=triton.pid)) or "?"
     print(f"""
 Triton {triton.url} (pid {triton.pid}) is running the example models; the sidecar listens on {url}
@@ -160,7 +165,7 @@ Triton {triton.url} (pid {triton.pid}) is running the example models; the sideca
   infer    curl -s {url}/v2/models/credit_risk/infer -H 'Content-Type: application/json' \\
              -d @examples/requests/credit_risk.json
   stream   curl -sN {url}/v2/models/text_echo/generate_stream -H 'Content-Type: application/json' \\
-             -d '{{"text_input": "one word per event", "max_tokens": 8}}'
+             -d '{{"text_input": "one word per event", "max_tokens": 8}}'{grpc_line}
 
 Break a model and watch it heal (Triton itself keeps saying ready):
   kill -9 {stub}     # the credit_risk python stub; or: pkill -9 -f credit_risk/1/model.py
