@@ -58,6 +58,11 @@ class Admission:
             raise Refusal(Reason.UNKNOWN_MODEL, f"model {model} has no version {cut(version)!r} "
                                                 "(versions are numbers)", model=model)
 
+    def trusted(self, model: str, version: str = "") -> bool:
+        """Are answers from `version` of the model ("" = the one unversioned requests reach) trusted?"""
+        health = self._states.get(model)
+        return health is not None and health.trusts(version)
+
     def serves(self, model: str) -> bool:
         health = self._states.get(model)
         return health is not None and health.state.serves_traffic
@@ -66,12 +71,10 @@ class Admission:
         """Return while the model's answers are trusted (for the version the request reaches: a
         version whose golden cases pass is served while another is quarantined); else hold (if
         configured) or refuse."""
-        if self.serves(model):
+        if self.trusted(model, version):
             return
         health = self._states.get(model)
         assert health is not None
-        if health.trusts(version):
-            return
         hold_s = self._settings.hold_during_heal_s
         if hold_s > 0 and health.state is not ModelState.FAILED:
             gate = self._gate(model)

@@ -233,11 +233,23 @@ async def _relay(request: web.Request, call: _Request, upstream: aiohttp.ClientR
     task = asyncio.current_task()
     assert task is not None
     watch = _IdleWatch(task, core.settings.upstream_timeout_s)
+    # A model that stops being trusted ends its open streams at once, even a stalled one (between
+    # events the check after each write does it).
+    reading = False
+    untrusted: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # stays pending
+    if core.admission.serves(model):  # a stream admitted for its version alone is checked per event
+        untrusted = asyncio.ensure_future(core.admission.until_untrusted(model))
+        untrusted.add_done_callback(lambda f: task.cancel() if reading and not f.cancelled() else None)
     try:
         while ending is None:
             try:
+                reading = True
                 chunk = await content.readany()
             except asyncio.CancelledError:
+                if untrusted.done() and not untrusted.cancelled() and task.uncancel() == 0:
+                    ending = core.admission.quarantine_refusal(model)
+                    ending.before_triton = False
+                    break
                 if not (watch.fired and task.uncancel() == 0):
                     raise  # the client left: aiohttp cancelled the handler
                 waited = idle_s if events else core.settings.upstream_timeout_s
@@ -249,6 +261,8 @@ async def _relay(request: web.Request, call: _Request, upstream: aiohttp.ClientR
             except (aiohttp.ClientError, OSError) as e:
                 ending = core.upstream_refusal(model, UpstreamFailure(FailureKind.DROPPED, type(e).__name__))
                 break
+            finally:
+                reading = False
             if not chunk:
                 if splitter.pending:
                     ending = core.upstream_refusal(model, UpstreamFailure(FailureKind.DROPPED,
@@ -271,7 +285,7 @@ async def _relay(request: web.Request, call: _Request, upstream: aiohttp.ClientR
                     first_event.observe(now - ctx.started)
                 events, last = events + len(out), now
                 watch.extend(idle_s)
-            if ending is None and not core.admission.serves(model):
+            if ending is None and not core.admission.trusted(model, call.version):
                 ending = core.admission.quarantine_refusal(model)
                 ending.before_triton = False
         if ending is not None:
@@ -289,6 +303,7 @@ async def _relay(request: web.Request, call: _Request, upstream: aiohttp.ClientR
             raise
     finally:
         watch.close()
+        untrusted.cancel()
         metrics.stream_events.labels(model=model).observe(events)
         outcome = "complete" if ending is None else ending.reason.value
         metrics.stream_endings.labels(model=model, outcome=outcome).inc()

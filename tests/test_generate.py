@@ -275,3 +275,23 @@ async def test_a_quarantined_model_answers_503_with_retry_after_before_any_strea
                                                 {"text_input": "alpha beta"})
     assert status == 503 and events[0][1]["reason"] == "quarantined"
     assert headers["Retry-After"] == "5"
+
+
+async def test_a_stream_open_when_its_model_is_quarantined_ends_at_once_with_an_error_event(
+    triton: LocalTriton, text_model: FreshModel, start: Any
+) -> None:
+    # A stalled stream (its model hangs after the first event) would wait out the idle timeout
+    # (30 s here); the quarantine its golden case brings ends it as soon as it begins.
+    sidecar = await start(_config(triton, text_model, healing={"enabled": False},
+                                  generation={"idle_timeout_s": 30.0}))
+    await _healthy(sidecar, text_model.name)
+    text_model.inject("stall")
+    url = f"{sidecar.url}/v2/models/{text_model.name}/generate_stream"
+    stream = asyncio.create_task(read_stream(url, {"text_input": WORDS}, limit_s=25))
+    quarantined = await wait_for(lambda: sidecar.first_transition_to(text_model.name, ModelState.UNHEALTHY), 20,
+                                 what="UNHEALTHY")
+    status, events, _ = await stream
+    ended_at = time.monotonic()
+    assert status == 200 and events[0][1]["text_output"] == "w0", events
+    assert events[-1][1]["reason"] == "quarantined", events[-1]
+    assert ended_at - quarantined.at < 2.0, ended_at - quarantined.at
