@@ -17,8 +17,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +25,11 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from bench.inference import features
-from bench.machine import OUT_DIR, command_line, describe_machine, keep_logs, write_results
+from bench.machine import OUT_DIR, command_line, describe_machine, run_overhead_benchmark
 from bench.procfs import cpu_seconds
 from bench.profile import finish_recording, start_recording, summarise_folded
 from bench.profile import markdown as profile_markdown
 from bench.repository import BENCH_MODELS, credit_clones, credit_risk_scores
-from bench.shutdown import interrupt_on_termination
 from bench.sidecar_process import CREDIT_FILTER_RULE, SidecarProcess, sidecar_settings
 from sidecar.tritonserver import LocalTriton, free_port
 
@@ -212,21 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=5, help="seconds per leg per scenario (default 5)")
     parser.add_argument("--profile", type=int, default=10,
                         help="seconds of py-spy on the sidecar at the end, if py-spy is installed (0: none)")
-    args = parser.parse_args(argv)
-    interrupt_on_termination()
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="bench-grpc-") as scratch:
-        try:
-            result = measure(args, Path(scratch))
-        finally:
-            keep_logs(Path(scratch), "grpc_overhead")
-    result["wall_time_s"] = round(time.monotonic() - started, 1)
-    result["verdicts"] = verdicts(result["summary"])
-    table = markdown(result)
-    path = write_results("grpc_overhead", result, table)
-    print(f"\n{table}\nresults: {path}")
-    return 0 if all(v["met"] for v in result["verdicts"]) else 1
-
+    return run_overhead_benchmark("grpc_overhead", parser.parse_args(argv), measure, verdicts, markdown)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import importlib.metadata
 import json
@@ -12,9 +13,14 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from bench.shutdown import interrupt_on_termination
 
 REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "bench" / "out"
@@ -109,3 +115,24 @@ def keep_logs(workdir: Path, name: str) -> Path:
         relative = log.relative_to(workdir)
         shutil.copy(log, target / "_".join(relative.parts))
     return target
+
+
+def run_overhead_benchmark(name: str, args: argparse.Namespace,
+                           measure: Callable[[argparse.Namespace, Path], dict[str, Any]],
+                           verdicts: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+                           markdown: Callable[[dict[str, Any]], str]) -> int:
+    """The frame of an overhead benchmark: measure in a scratch dir (its logs kept), judge the
+    summary against the targets, write the results and print the table; 0 when every target is met."""
+    interrupt_on_termination()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as scratch:
+        try:
+            result = measure(args, Path(scratch))
+        finally:
+            keep_logs(Path(scratch), name)
+    result["wall_time_s"] = round(time.monotonic() - started, 1)
+    result["verdicts"] = verdicts(result["summary"])
+    table = markdown(result)
+    path = write_results(name, result, table)
+    print(f"\n{table}\nresults: {path}")
+    return 0 if all(v["met"] for v in result["verdicts"]) else 1

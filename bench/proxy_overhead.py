@@ -15,21 +15,18 @@ import argparse
 import contextlib
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.inference import binary_request, features, json_request, post
-from bench.machine import OUT_DIR, command_line, describe_machine, keep_logs, write_results
+from bench.machine import OUT_DIR, command_line, describe_machine, run_overhead_benchmark
 from bench.nginx import NginxProxy
 from bench.procfs import children, cpu_seconds
 from bench.profile import finish_recording, start_recording, summarise_folded
 from bench.profile import markdown as profile_markdown
 from bench.repository import BENCH_MODELS, credit_clones, credit_risk_scores
-from bench.shutdown import interrupt_on_termination
 from bench.sidecar_process import CREDIT_FILTER_RULE, SidecarProcess, sidecar_settings
 from bench.wrk import RequestBody, Wrk
 from sidecar.tritonserver import LocalTriton
@@ -277,21 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds of py-spy on the sidecar at the end, if py-spy is installed (0: none)")
     parser.add_argument("--require-sidecar", action="store_true",
                         help="fail instead of skipping the sidecar leg when its proxy is missing")
-    args = parser.parse_args(argv)
-    interrupt_on_termination()
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="bench-proxy-") as scratch:
-        try:
-            result = measure(args, Path(scratch))
-        finally:
-            keep_logs(Path(scratch), "proxy_overhead")
-    result["wall_time_s"] = round(time.monotonic() - started, 1)
-    result["verdicts"] = verdicts(result["summary"])
-    table = markdown(result)
-    path = write_results("proxy_overhead", result, table)
-    print(f"\n{table}\nresults: {path}")
-    return 0 if all(v["met"] for v in result["verdicts"]) else 1
-
+    return run_overhead_benchmark("proxy_overhead", parser.parse_args(argv), measure, verdicts, markdown)
 
 if __name__ == "__main__":
     sys.exit(main())

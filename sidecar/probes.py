@@ -324,32 +324,34 @@ async def _golden_case(triton: TritonClient, case: GoldenCase, timeout_s: float,
         outcome = await triton.infer_case(case, timeout_s=timeout_s)
     else:
         outcome = await late.infer(triton, case, timeout_s)
-    if case.expects_error:
-        if outcome.status != case.expect_status:
-            got = "a normal answer" if outcome.status == 200 else f"{outcome.status}: {outcome.error}"
-            return f"expected a {case.expect_status} rejection, got {got}"
-        if case.error_contains and case.error_contains not in outcome.error:
-            return f"expected the error to mention {case.error_contains!r}, got {outcome.error!r}"
-        return None
-    if outcome.status != 200:
-        return f"Triton answered {outcome.status}: {outcome.error}"
+    problem = _judge_status(case, outcome.status, outcome.error)
+    if problem is not None or case.expects_error:
+        return problem
     mismatches = compare_outputs(case, outcome.outputs)
     return "; ".join(str(m) for m in mismatches) if mismatches else None
+
+
+def _judge_status(case: GoldenCase, status: int, error: str) -> str | None:
+    """What is wrong with an answer's status (None: nothing); for an error case, its whole verdict."""
+    if case.expects_error:
+        if status != case.expect_status:
+            got = "a normal answer" if status == 200 else f"{status}: {error}"
+            return f"expected a {case.expect_status} rejection, got {got}"
+        if case.error_contains and case.error_contains not in error:
+            return f"expected the error to mention {case.error_contains!r}, got {error!r}"
+        return None
+    if status != 200:
+        return f"Triton answered {status}: {error}"
+    return None
 
 
 async def _generate_case(triton: TritonClient, case: GoldenCase, timeout_s: float) -> str | None:
     """A generate case: its status, Triton's error events, the text and the time bounds. A stream
     that stalls is cut by timeout_s (the probe then counts as timed out)."""
     outcome = await triton.generate_case(case, timeout_s=timeout_s)
-    if case.expects_error:
-        if outcome.status != case.expect_status:
-            got = "a normal answer" if outcome.status == 200 else f"{outcome.status}: {outcome.error}"
-            return f"expected a {case.expect_status} rejection, got {got}"
-        if case.error_contains and case.error_contains not in outcome.error:
-            return f"expected the error to mention {case.error_contains!r}, got {outcome.error!r}"
-        return None
-    if outcome.status != 200:
-        return f"Triton answered {outcome.status}: {outcome.error}"
+    problem = _judge_status(case, outcome.status, outcome.error)
+    if problem is not None or case.expects_error:
+        return problem
     if outcome.error:
         return f"Triton's answer ended in an error after {outcome.events} event(s): {outcome.error}"
     if case.max_first_event_s is not None and (outcome.first_event_s is None
