@@ -27,8 +27,7 @@ from tritonclient.grpc import service_pb2 as pb
 from bench.inference import features
 from bench.machine import OUT_DIR, command_line, describe_machine, run_overhead_benchmark
 from bench.procfs import cpu_seconds
-from bench.profile import finish_recording, start_recording, summarise_folded
-from bench.profile import markdown as profile_markdown
+from bench.profile import finish_recording, start_recording, summarise_folded, verdicts_and_profile_markdown
 from bench.repository import BENCH_MODELS, credit_clones, credit_risk_scores
 from bench.sidecar_process import CREDIT_FILTER_RULE, SidecarProcess, sidecar_settings
 from sidecar.tritonserver import LocalTriton, free_port
@@ -192,13 +191,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {row['model']} | {row['request']} | {row['concurrency']} | {d['throughput_rps']} "
                      f"| {s['throughput_rps']} | {d['p50_ms']} / {d['p99_ms']} | {s['p50_ms']} / {s['p99_ms']} "
                      f"| {s['added_p50_ms']} | {s['throughput_ratio']} | {s['cpu_ms_per_request_net']} |")
-    lines += ["", "| target | case | measured | met |", "|---|---|---|---|"]
-    lines += [f"| {c['target']} | {c['case']} | {c['measured']} | {'yes' if c['met'] else '**no**'} |"
-              for c in result["verdicts"]]
-    if result.get("profile"):
-        lines += ["", f"Profile of the sidecar ({result['profile'].get('scenario', '')}, py-spy):", ""]
-        lines.append(profile_markdown(result["profile"]) if "error" not in result["profile"]
-                     else f"(no profile: {result['profile']['error']})")
+    lines += verdicts_and_profile_markdown(result["verdicts"], result.get("profile"))
     return "\n".join(lines) + "\n"
 
 

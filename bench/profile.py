@@ -96,3 +96,16 @@ def markdown(summary: dict[str, Any], rows: int = 12) -> str:
     for a, b in zip(summary["inclusive"][:rows], summary["self"][:rows], strict=False):
         lines.append(f"| {a['share']:.1%} | `{a['function']}` | | {b['share']:.1%} | `{b['function']}` |")
     return "\n".join(lines) + "\n"
+
+
+def verdicts_and_profile_markdown(verdicts: list[dict[str, Any]], profile: dict[str, Any] | None) -> list[str]:
+    """The lines an overhead benchmark's table ends with: each target met or not, then the profile."""
+    lines: list[str] = []
+    if verdicts:
+        lines += ["", "| target | case | measured | met |", "|---|---|---|---|"]
+        lines += [f"| {c['target']} | {c['case']} | {c['measured']} | {'yes' if c['met'] else '**no**'} |"
+                  for c in verdicts]
+    if profile:
+        lines += ["", f"Profile of the sidecar ({profile.get('scenario', '')}, py-spy):", ""]
+        lines.append(markdown(profile) if "error" not in profile else f"(no profile: {profile['error']})")
+    return lines

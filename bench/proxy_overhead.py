@@ -24,8 +24,7 @@ from bench.inference import binary_request, features, json_request, post
 from bench.machine import OUT_DIR, command_line, describe_machine, run_overhead_benchmark
 from bench.nginx import NginxProxy
 from bench.procfs import children, cpu_seconds
-from bench.profile import finish_recording, start_recording, summarise_folded
-from bench.profile import markdown as profile_markdown
+from bench.profile import finish_recording, start_recording, summarise_folded, verdicts_and_profile_markdown
 from bench.repository import BENCH_MODELS, credit_clones, credit_risk_scores
 from bench.sidecar_process import CREDIT_FILTER_RULE, SidecarProcess, sidecar_settings
 from bench.wrk import RequestBody, Wrk
@@ -251,15 +250,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {leg(row, 'nginx', 'added_p50_ms')} | {leg(row, 'sidecar', 'added_p50_ms')} "
             f"| {leg(row, 'sidecar', 'throughput_ratio')} | {cpu} | {leg(row, 'nginx', 'cpu_ms_per_request')} "
             f"| {leg(row, AIOHTTP_LEG, 'added_p50_ms')} | {leg(row, AIOHTTP_LEG, 'cpu_ms_per_request_net')} |")
-    checks = verdicts(result["summary"])
-    if checks:
-        lines += ["", "| target | case | measured | met |", "|---|---|---|---|"]
-        lines += [f"| {c['target']} | {c['case']} | {c['measured']} | {'yes' if c['met'] else '**no**'} |"
-                  for c in checks]
-    if result.get("profile"):
-        lines += ["", f"Profile of the sidecar ({result['profile'].get('scenario', '')}, py-spy):", ""]
-        lines.append(profile_markdown(result["profile"]) if "error" not in result["profile"]
-                     else f"(no profile: {result['profile']['error']})")
+    lines += verdicts_and_profile_markdown(verdicts(result["summary"]), result.get("profile"))
     for note in result["notes"]:
         lines.append(f"\nNote: {note}")
     return "\n".join(lines) + "\n"

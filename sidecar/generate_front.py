@@ -167,14 +167,8 @@ def _screen(core: ServingCore, model: str, data: bytes) -> ScreenedEvent:
 
 
 def _refuse_non_finite(core: ServingCore, model: str, screened: ScreenedEvent) -> None:
-    if not screened.non_finite:
-        return
-    core.signals.non_finite_answer(model, screened.non_finite)
-    if core.settings.block_non_finite_outputs:
-        raise Refusal(Reason.NON_FINITE_OUTPUT, f"model {model} answered NaN/Inf in "
-                                                f"{', '.join(screened.non_finite)}; the answer was withheld "
-                                                "and the model is being re-checked",
-                      model=model, before_triton=False, outputs=screened.non_finite)
+    if screened.non_finite:
+        core.non_finite_answer(model, screened.non_finite)
 
 
 # ---- generate_stream: events as they come ------------------------------------------------------------------

@@ -130,15 +130,19 @@ class ServingCore:
         if screened.dropped:
             self.telemetry.filtered(model, screened.dropped)
         if screened.non_finite:
-            self.signals.non_finite_answer(model, screened.non_finite)
-            if self.settings.block_non_finite_outputs:
-                raise Refusal(Reason.NON_FINITE_OUTPUT, f"model {model} answered NaN/Inf in "
-                                                        f"{', '.join(screened.non_finite)}; the answer was "
-                                                        "withheld and the model is being re-checked",
-                              model=model, before_triton=False, outputs=screened.non_finite)
+            self.non_finite_answer(model, screened.non_finite)
         else:
             self.signals.upstream_answered(model)
         return screened.answer
+
+    def non_finite_answer(self, model: str, outputs: Sequence[str]) -> None:
+        """An answer holding NaN/Inf in `outputs`: re-check the model, and withhold the answer
+        (Refusal) with proxy.block_non_finite_outputs."""
+        self.signals.non_finite_answer(model, outputs)
+        if self.settings.block_non_finite_outputs:
+            raise Refusal(Reason.NON_FINITE_OUTPUT, f"model {model} answered NaN/Inf in {', '.join(outputs)}; the "
+                                                    "answer was withheld and the model is being re-checked",
+                          model=model, before_triton=False, outputs=list(outputs))
 
     # -- pieces ---------------------------------------------------------------------------------------------
 
