@@ -25,7 +25,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from bench.inference import features
-from bench.machine import OUT_DIR, command_line, describe_machine, run_overhead_benchmark
+from bench.machine import OUT_DIR, command_line, describe_machine, overhead_parser, run_overhead_benchmark
 from bench.procfs import cpu_seconds
 from bench.profile import finish_recording, start_recording, summarise_folded, verdicts_and_profile_markdown
 from bench.repository import BENCH_MODELS, credit_clones, credit_risk_scores
@@ -196,12 +196,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.grpc_overhead", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
-    parser.add_argument("--duration", type=float, default=5, help="seconds per leg per scenario (default 5)")
-    parser.add_argument("--profile", type=int, default=10,
-                        help="seconds of py-spy on the sidecar at the end, if py-spy is installed (0: none)")
+    parser = overhead_parser("python -m bench.grpc_overhead", __doc__)
     return run_overhead_benchmark("grpc_overhead", parser.parse_args(argv), measure, verdicts, markdown)
 
 if __name__ == "__main__":

@@ -117,6 +117,17 @@ def keep_logs(workdir: Path, name: str) -> Path:
     return target
 
 
+def overhead_parser(prog: str, doc: str | None, *, duration_type: type = float) -> argparse.ArgumentParser:
+    """The options every overhead benchmark takes: --rounds, --duration, --profile (wrk wants
+    whole seconds: `duration_type=int`)."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--duration", type=duration_type, default=5, help="seconds per leg per scenario (default 5)")
+    parser.add_argument("--profile", type=int, default=10,
+                        help="seconds of py-spy on the sidecar at the end, if py-spy is installed (0: none)")
+    return parser
+
+
 def run_overhead_benchmark(name: str, args: argparse.Namespace,
                            measure: Callable[[argparse.Namespace, Path], dict[str, Any]],
                            verdicts: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],

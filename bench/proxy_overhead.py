@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from bench.inference import binary_request, features, json_request, post
-from bench.machine import OUT_DIR, command_line, describe_machine, run_overhead_benchmark
+from bench.machine import OUT_DIR, command_line, describe_machine, overhead_parser, run_overhead_benchmark
 from bench.nginx import NginxProxy
 from bench.procfs import children, cpu_seconds
 from bench.profile import finish_recording, start_recording, summarise_folded, verdicts_and_profile_markdown
@@ -257,12 +257,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.proxy_overhead", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
-    parser.add_argument("--duration", type=int, default=5, help="seconds per leg per scenario (default 5)")
-    parser.add_argument("--profile", type=int, default=10,
-                        help="seconds of py-spy on the sidecar at the end, if py-spy is installed (0: none)")
+    parser = overhead_parser("python -m bench.proxy_overhead", __doc__, duration_type=int)
     parser.add_argument("--require-sidecar", action="store_true",
                         help="fail instead of skipping the sidecar leg when its proxy is missing")
     return run_overhead_benchmark("proxy_overhead", parser.parse_args(argv), measure, verdicts, markdown)
