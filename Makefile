@@ -19,7 +19,9 @@ system-deps:
 	    python3-numpy libpython3.11 prometheus >/dev/null; \
 	fi
 
+# The README names Python 3.11 (pyproject's requires-python): say so at once on an older one.
 $(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "triton-sidecar needs Python 3.11 or newer; PYTHON=" + sys.executable + " is " + sys.version.split()[0])'
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python

@@ -9,7 +9,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar.tritonserver import LocalTriton, stub_pids
+from sidecar.devtools.tritonserver import LocalTriton, stub_pids
 
 #: Every kind the soak cycles through, fastest to heal first (a short soak still sees several).
 FAULT_KINDS = ("nan", "drift", "unload", "kill", "hang")

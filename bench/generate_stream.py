@@ -26,7 +26,7 @@ import aiohttp
 
 from bench.procfs import cpu_seconds
 from bench.sidecar_process import SidecarProcess, sidecar_settings
-from sidecar.tritonserver import LocalTriton
+from sidecar.devtools.tritonserver import LocalTriton
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench" / "out"

@@ -30,7 +30,7 @@ from bench.procfs import cpu_seconds
 from bench.profile import finish_recording, start_recording, summarise_folded, verdicts_and_profile_markdown
 from bench.repository import BENCH_MODELS, credit_clones, credit_risk_scores
 from bench.sidecar_process import CREDIT_FILTER_RULE, SidecarProcess, sidecar_settings
-from sidecar.tritonserver import LocalTriton, free_port
+from sidecar.devtools.tritonserver import LocalTriton, free_port
 
 MODELS = ["credit_risk", "credit_risk_2ms"]
 CONCURRENCY = [1, 8]

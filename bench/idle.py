@@ -30,7 +30,7 @@ from bench.repository import credit_clones
 from bench.shutdown import interrupt_on_termination
 from bench.sidecar_process import SidecarProcess, sidecar_settings
 from sidecar.config import ProbesSection
-from sidecar.tritonserver import LocalTriton
+from sidecar.devtools.tritonserver import LocalTriton
 
 TARGET_RSS_MB_AT_10 = 80.0
 TARGET_CPU_SHARE_AT_10 = 0.01

@@ -68,7 +68,7 @@ def _debian_version(binary: str, flag: str) -> str | None:
 def describe_machine(triton_url: str | None = None) -> dict[str, Any]:
     """The facts RESULTS.md must quote next to every figure: this machine is shared and noisy."""
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "cpu_model": _cpu_model(),
         "cores": os.cpu_count(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
@@ -94,7 +94,7 @@ def write_results(name: str, payload: dict[str, Any], table: str = "") -> Path:
     """bench/out/<name>-<UTC timestamp>.json and <name>-latest.json (gitignored), and the Markdown
     table as .md next to both."""
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     body = json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n"
     path = OUT_DIR / f"{name}-{stamp}.json"
     path.write_text(body)

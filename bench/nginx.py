@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.debian import ensure_debian_package
-from sidecar.tritonserver import free_port
+from sidecar.devtools.tritonserver import free_port
 
 NGINX_CONF = """\
 worker_processes 1;

@@ -71,7 +71,7 @@ def summarise_folded(folded_path: Path, top: int = 20) -> dict[str, Any]:
 
 
 #: Outer frames every sample passes through (the event loop, the CLI): not listed as inclusive.
-_PLUMBING = ("(asyncio/runners.py)", "(asyncio/base_events.py)", "(asyncio/events.py)", "(sidecar/cli.py)",
+_PLUMBING = ("(asyncio/runners.py)", "(asyncio/base_events.py)", "(asyncio/events.py)", "(sidecar/cli/run.py)",
              "(triton-sidecar)")
 #: Leaf frames of a thread that waits (py-spy samples a blocked epoll_wait as active).
 _WAITING = ("EpollSelector.select (", "select (selectors.py")

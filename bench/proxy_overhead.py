@@ -28,7 +28,7 @@ from bench.profile import finish_recording, start_recording, summarise_folded, v
 from bench.repository import BENCH_MODELS, credit_clones, credit_risk_scores
 from bench.sidecar_process import CREDIT_FILTER_RULE, SidecarProcess, sidecar_settings
 from bench.wrk import RequestBody, Wrk
-from sidecar.tritonserver import LocalTriton
+from sidecar.devtools.tritonserver import LocalTriton
 
 MODELS = ["credit_risk", "credit_risk_2ms"]
 #: The same sidecar with listen.fast_infer off: every request through aiohttp's server.

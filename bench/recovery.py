@@ -37,7 +37,7 @@ from bench.repository import WEIGHTED_PROBE_FEATURES, weighted_models, weighted_
 from bench.shutdown import interrupt_on_termination
 from bench.sidecar_process import SidecarProcess, sidecar_settings
 from bench.traffic import ModelCall, Traffic, correct_share, count, started_between
-from sidecar.tritonserver import LocalTriton, stub_pids
+from sidecar.devtools.tritonserver import LocalTriton, stub_pids
 
 VICTIM = "weighted_0"
 #: Probe settings per scenario, and each one's recovery target beyond the model's load time (s):

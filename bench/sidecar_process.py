@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from sidecar.tritonserver import LocalTriton, free_port
+from sidecar.devtools.tritonserver import LocalTriton, free_port
 
 #: The credit_risk-like models' filtering rule: income_prob never leaves the pod.
 CREDIT_FILTER_RULE = {"model": "credit_risk.*", "drop_outputs": ["income_prob"]}

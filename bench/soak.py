@@ -41,7 +41,7 @@ from bench.repository import EXAMPLES, FAULTY_TEMPLATE, copy_golden, copy_model,
 from bench.shutdown import interrupt_on_termination
 from bench.sidecar_process import CREDIT_FILTER_RULE, SidecarProcess, sidecar_settings
 from bench.traffic import CORRECT, OTHER, RETRY_LATER, WRONG, ModelCall, Outcome, Traffic, count
-from sidecar.tritonserver import LocalTriton
+from sidecar.devtools.tritonserver import LocalTriton
 
 STEADY = ["credit_risk_steady_0", "credit_risk_steady_1"]
 VICTIM = "credit_risk_faulty"

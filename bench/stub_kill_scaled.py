@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from sidecar.devtools.tritonserver import LocalTriton
 from sidecar.logs import configure_logging
 from sidecar.states import ModelState
-from sidecar.tritonserver import LocalTriton
 from tests.harness import EXAMPLES, FreshModel, sidecar_config, start_sidecar, stop_sidecar, wait_for
 
 

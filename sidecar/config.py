@@ -17,6 +17,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from sidecar.messages import short_message
+
 ENV_PREFIX = "SIDECAR_"
 
 
@@ -160,6 +162,8 @@ class ProxySection:
 #: their value is held to `generation.max_tokens` (TensorRT-LLM: max_tokens, vLLM and TGI style
 #: servers: max_tokens / max_new_tokens).
 DEFAULT_TOKEN_LIMIT_KEYS = ("max_tokens", "max_new_tokens", "max_output_tokens")
+
+
 #: Request parameters the common LLM backends read (vLLM, TensorRT-LLM, python models); any other key
 #: that is not one of the model's inputs is refused: a typo (`temprature`) would otherwise be ignored
 #: by Triton and the client would never know its setting had no effect.
@@ -251,7 +255,11 @@ def _int(minimum: int, maximum: int | None = None) -> dict[str, Any]:
 
 
 _BOOL = {"type": "boolean"}
+
+
 _STR = {"type": "string"}
+
+
 _POSITIVE = _num(exclusive_min=0)
 
 
@@ -350,8 +358,13 @@ CONFIG_SCHEMA: dict[str, Any] = {
     },
 }
 
+
 _VALIDATOR = jsonschema.Draft202012Validator(CONFIG_SCHEMA)
+
+
 _SECTIONS = {name for name, spec in CONFIG_SCHEMA["properties"].items() if spec["type"] == "object"}
+
+
 _TOP_LEVEL_SCALARS = {"golden_dir": "GOLDEN_DIR", "models": "MODELS"}
 
 
@@ -435,7 +448,7 @@ def _validate(raw: dict[str, Any], source: str) -> None:
         key = ".".join(p for p in (path, extra[0] if extra else "") if p)
         known = ", ".join(sorted(error.schema.get("properties", {})))
         raise ConfigError(f"{source}: unknown key {key!r} (known here: {known})")
-    raise ConfigError(f"{source}: key {path or '(top level)'!r}: {_short(error.message)}")
+    raise ConfigError(f"{source}: key {path or '(top level)'!r}: {short_message(error.message)}")
 
 
 def _check_cross_field_rules(raw: dict[str, Any], source: str) -> None:
@@ -452,9 +465,6 @@ def _check_cross_field_rules(raw: dict[str, Any], source: str) -> None:
                     f"{source}: key 'filtering.rules.{i}.{key}': not a regular expression: {e}"
                 ) from e
 
-
-def _short(message: str, limit: int = 160) -> str:
-    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 def _generation(raw: Mapping[str, Any]) -> GenerationSection:
@@ -491,3 +501,4 @@ def _build(raw: dict[str, Any], source: str) -> SidecarConfig:
         logging=LoggingSection(**raw.get("logging", {})),
         source=source,
     )
+

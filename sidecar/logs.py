@@ -58,3 +58,4 @@ def configure_logging(*, format: str = "json", level: str = "info", stream: Text
         logger_factory=_logger_factory(stream or sys.stdout),
         cache_logger_on_first_use=False,
     )
+

@@ -20,11 +20,16 @@ from sidecar.states import ModelState
 
 PREFIX = "triton_sidecar"
 
+
 #: Probe and proxy latencies: 1 ms to 10 s (a probe is bounded by probes.timeout_s).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
 #: Heals and recoveries: a small python model reloads in ~1.5 s, a large GPU model in minutes.
 #: Events in one generate stream: one per token, from a one-word answer to a long completion.
 EVENT_COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
 HEAL_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -133,3 +138,4 @@ class SidecarMetrics:
     def set_state(self, model: str, state: ModelState) -> None:
         for each in ModelState:
             self.model_state.labels(model=model, state=each.value).set(1 if each is state else 0)
+

@@ -204,3 +204,4 @@ class ModelStates:
 
     def failed(self) -> list[str]:
         return sorted(m for m, h in self._models.items() if h.state is ModelState.FAILED)
+

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.tritonserver import LocalTriton
+from sidecar.devtools.tritonserver import LocalTriton
 from tests.harness import EXAMPLES, FreshModel, RunningSidecar, start_sidecar, stop_sidecar
 
 EXAMPLE_MODELS = ["credit_risk", "image_classifier", "text_echo"]

@@ -20,14 +20,14 @@ from typing import Any
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from sidecar.app import create_app
-from sidecar.appkeys import STATES
+from sidecar.app.factory import create_app
 from sidecar.config import SidecarConfig, load_config
-from sidecar.golden import load_golden_dir
-from sidecar.http_listener import SidecarListener
+from sidecar.devtools.tritonserver import LocalTriton, stub_pids
+from sidecar.fronts.appkeys import STATES
+from sidecar.fronts.http_listener import SidecarListener
+from sidecar.golden.cases import load_golden_dir
+from sidecar.health.triton_client import TritonClient
 from sidecar.states import ModelState, Transition
-from sidecar.triton import TritonClient
-from sidecar.tritonserver import LocalTriton, stub_pids
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "model_repository"

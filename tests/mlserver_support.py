@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
-from sidecar.tritonserver import free_port
+from sidecar.devtools.tritonserver import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "tests" / "mlserver_models"

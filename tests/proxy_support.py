@@ -19,12 +19,12 @@ import tritonclient.http as triton_http
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sidecar.app import create_app
+from sidecar.app.factory import create_app
 from sidecar.config import FilterRule, SidecarConfig
-from sidecar.golden import load_golden_dir
-from sidecar.http_listener import SidecarListener
+from sidecar.devtools.tritonserver import LocalTriton
+from sidecar.fronts.http_listener import SidecarListener
+from sidecar.golden.cases import load_golden_dir
 from sidecar.states import ModelState
-from sidecar.tritonserver import LocalTriton
 from tests.harness import GOLDEN, RunningSidecar, sidecar_config, start_sidecar, stop_sidecar, wait_for
 
 #: The seeds' rule: credit models never let income_prob* leave the pod.

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.cli import main
-from sidecar.commands import render_table, report_as_json, run_check, stable_error_text
-from sidecar.golden import load_golden_dir, load_golden_file
-from sidecar.tritonserver import free_port
+from sidecar.cli.check import render_table, report_as_json, run_check
+from sidecar.cli.main import main
+from sidecar.cli.record import stable_error_text
+from sidecar.devtools.tritonserver import free_port
+from sidecar.golden.cases import load_golden_dir, load_golden_file
 from tests.harness import GOLDEN, REPO, SLACK_S, FreshModel
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "triton-sidecar"

@@ -42,7 +42,7 @@ def test_readme_opens_with_the_demo_and_test_commands_and_ci_runs_the_test_comma
 
 
 def test_the_error_table_gives_each_reason_its_http_status_and_grpc_code():
-    from sidecar.refusals import Reason
+    from sidecar.serving.refusals import Reason
 
     rows = re.findall(r"^\| \(?(\d{3})\)? \| ([A-Z_]+) \| (`[a-z_]+`(?:, `[a-z_]+`)*) \|", README, flags=re.MULTILINE)
     documented = {}

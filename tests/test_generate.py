@@ -15,8 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from sidecar.devtools.tritonserver import LocalTriton
 from sidecar.states import ModelState
-from sidecar.tritonserver import LocalTriton
 from tests.harness import FAULTY_TEXT_TEMPLATE, SLACK_S, FreshModel, sidecar_config, wait_for
 
 #: 20 words at the model's 10 ms per word: about 200 ms from the first event to the last.

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from sidecar.config import GenerationSection
-from sidecar.generation import EventSplitter, GenerateLimits, check_generate_request, screen_event
-from sidecar.golden import GoldenFileError, load_golden_file
-from sidecar.refusals import Refusal
-from sidecar.validation import InputSpec, Limits, ModelSpec
+from sidecar.golden.cases import GoldenFileError, load_golden_file
+from sidecar.protocol.sse import EventSplitter
+from sidecar.serving.generation import GenerateLimits, check_generate_request, screen_event
+from sidecar.serving.refusals import Refusal
+from sidecar.serving.validation import InputSpec, Limits, ModelSpec
 
 SPEC = ModelSpec(model="llm", version="", inputs={
     "text_input": InputSpec("text_input", "BYTES", (1,)),

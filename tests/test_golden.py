@@ -8,14 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sidecar.golden import (
-    GoldenFileError,
-    ReceivedOutput,
-    compare_outputs,
-    dump_golden_case,
-    load_golden_dir,
-    load_golden_file,
-)
+from sidecar.golden.cases import GoldenFileError, ReceivedOutput, dump_golden_case, load_golden_dir, load_golden_file
+from sidecar.golden.compare import compare_outputs
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -22,11 +22,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
-from sidecar.appkeys import LIFECYCLE
 from sidecar.config import FilterRule
-from sidecar.grpc_front import CONTROL, SERVICE
+from sidecar.devtools.tritonserver import free_port
+from sidecar.fronts.appkeys import LIFECYCLE
+from sidecar.fronts.grpc_server import CONTROL, SERVICE
 from sidecar.states import ModelState
-from sidecar.tritonserver import free_port
 from tests.harness import REPO, triton_post, wait_for
 from tests.proxy_support import CREDIT_RULE, features, proxy_config, started_and_healthy, triton_successes
 

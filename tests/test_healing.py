@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 from structlog.testing import capture_logs
 
-from sidecar.appkeys import STATES
+from sidecar.fronts.appkeys import STATES
+from sidecar.health.triton_client import TritonClient
 from sidecar.states import ModelState
-from sidecar.triton import TritonClient
 from tests.harness import (
     FAST_PROBES,
     SLACK_S,

@@ -408,7 +408,7 @@ def test_the_cpu_overlay_gives_triton_the_example_repository_byte_for_byte() -> 
 def test_the_sidecar_config_in_the_configmap_passes_load_config(
     objects: tuple[dict[str, Any], ...], tmp_path: Path
 ) -> None:
-    from sidecar.config import load_config  # imported late: the package under test
+    from sidecar.config import load_config
 
     spec = pod_spec(objects)
     _, volume = sidecar_mounts(objects)[CONFIG_PATH]

@@ -13,8 +13,8 @@ import urllib.request
 
 import pytest
 
+from sidecar.devtools.tritonserver import free_port
 from sidecar.states import ModelState
-from sidecar.tritonserver import free_port
 from tests.harness import FAST_PROBES, GOLDEN, REPO, SLACK_S, sidecar_config, wait_for
 
 SIDECAR = [sys.executable, "-m", "sidecar"]

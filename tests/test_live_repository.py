@@ -17,9 +17,9 @@ import yaml
 from structlog.testing import capture_logs
 
 from bench.sidecar_process import SidecarProcess, sidecar_settings
-from sidecar.appkeys import LIVE, PROBER, ROSTER, STATES
 from sidecar.config import load_config
-from sidecar.reload import RELOAD_POLL_S, merge_reloadable
+from sidecar.fronts.appkeys import LIVE, PROBER, ROSTER, STATES
+from sidecar.health.reload import RELOAD_POLL_S, merge_reloadable
 from sidecar.states import ModelState
 from tests.conftest import EXAMPLE_MODELS
 from tests.harness import FAST_PROBES, GOLDEN, SLACK_S, FreshModel, sidecar_config, triton_post, wait_for

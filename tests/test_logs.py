@@ -15,7 +15,7 @@ from datetime import datetime
 
 import pytest
 
-from sidecar.tritonserver import free_port
+from sidecar.devtools.tritonserver import free_port
 from tests.harness import GOLDEN, REPO
 
 pytestmark = pytest.mark.fault

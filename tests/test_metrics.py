@@ -9,8 +9,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar import __version__
 from sidecar.config import FilterRule
+from sidecar.devtools.tritonserver import free_port
 from sidecar.states import ModelState
-from sidecar.tritonserver import free_port
 from tests.harness import GOLDEN, sidecar_config, wait_for
 from tests.proxy_support import credit_json, proxy_config
 

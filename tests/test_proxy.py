@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-from sidecar.app import create_app
-from sidecar.appkeys import WATCH
+from sidecar.app.factory import create_app
 from sidecar.config import ConfigError
+from sidecar.fronts.appkeys import WATCH
 from tests.harness import triton_post, wait_for
 from tests.proxy_support import (
     binary_request,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-from sidecar.appkeys import SERVING, STATES, WATCH
+from sidecar.fronts.appkeys import SERVING, STATES, WATCH
 from sidecar.states import ModelState
 from tests.harness import wait_for
 from tests.proxy_support import credit_json, proxy_config, served_like_production, started_and_healthy

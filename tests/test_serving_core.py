@@ -17,13 +17,13 @@ from prometheus_client import CollectorRegistry
 from tritonclient.grpc import service_pb2 as pb
 
 from sidecar.config import FilterRule, SidecarConfig
-from sidecar.grpc_front import GrpcAnswer, decode_infer_request, screen_infer_response
+from sidecar.fronts.grpc_server import GrpcAnswer, decode_infer_request, screen_infer_response
 from sidecar.metrics import SidecarMetrics
-from sidecar.refusals import FailureKind, Reason, Refusal, UpstreamFailure
-from sidecar.serving import OutputPolicy, Screened, ServingCore
+from sidecar.serving.core import OutputPolicy, Screened, ServingCore
+from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
+from sidecar.serving.telemetry import HTTP, RequestContext
+from sidecar.serving.validation import ModelSpec, validate_decoded_request
 from sidecar.states import ModelHealth, ModelStates
-from sidecar.telemetry import HTTP, RequestContext
-from sidecar.validation import ModelSpec, validate_decoded_request
 
 METADATA = {"name": "m", "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
             "outputs": [{"name": "scores", "datatype": "FP32", "shape": [-1, 1]},

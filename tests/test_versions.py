@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from bench.repository import credit_risk_scores
+from sidecar.devtools.tritonserver import LocalTriton, stub_pids
 from sidecar.states import ModelState
-from sidecar.tritonserver import LocalTriton, stub_pids
 from tests.harness import FAULTY_TEMPLATE, GOLDEN, sidecar_config, triton_post, wait_for
 from tests.proxy_support import credit_json, features
 

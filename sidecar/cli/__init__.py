@@ -1,0 +1,2 @@
+"""The command line: `run`, `demo`, `check`, `record`, `validate`.
+"""

@@ -1,0 +1,66 @@
+"""`triton-sidecar run`: load and check everything, then serve until SIGTERM (drain first)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from pathlib import Path
+
+import structlog
+
+from sidecar import __version__
+from sidecar.app.factory import create_app
+from sidecar.cli.arguments import EXIT_OK
+from sidecar.config import SidecarConfig, load_config
+from sidecar.fronts.appkeys import HEALER, LIFECYCLE, LIVE
+from sidecar.fronts.http_listener import SidecarListener
+from sidecar.golden.cases import load_golden_dir
+from sidecar.logs import configure_logging
+
+log = structlog.get_logger("sidecar.cli")
+
+def load_everything(config_path: Path | None) -> tuple[SidecarConfig, dict]:
+    """Config and golden files, validated once; raises with the file and key on the first problem."""
+    config = load_config(config_path)
+    golden = load_golden_dir(config.golden_dir)
+    return config, golden
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config, golden = load_everything(args.config)
+    configure_logging(format=config.logging.format, level=config.logging.level)
+    asyncio.run(serve(config, golden, config_path=args.config))
+    return EXIT_OK
+
+
+async def serve(config: SidecarConfig, golden: dict, *, stop: asyncio.Event | None = None,
+                config_path: Path | None = None) -> None:
+    """Serve until SIGTERM/SIGINT (or `stop`), then drain: readiness fails at once, in-flight
+    requests and heals get up to lifecycle.drain_s, then everything is closed. SIGHUP re-reads
+    the config file and the golden files (they are also watched)."""
+    app = create_app(config, golden=golden, config_path=config_path)
+    listener = SidecarListener(app)
+    await listener.start(config.listen.host, config.listen.port)
+    log.info("sidecar_started", version=__version__, listen=f"{config.listen.host}:{config.listen.port}",
+             triton=config.triton.url, config=config.source)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, app[LIVE].request_reload)
+    try:
+        await stop.wait()
+        drain_s = app[LIVE].config.lifecycle.drain_s  # as reloaded, if it was
+        log.info("drain_started", drain_s=drain_s)
+        app[LIFECYCLE].begin_drain()
+        app[HEALER].accepting = False
+        drained = await app[LIFECYCLE].wait_drained(drain_s)
+        await app[HEALER].wait_idle(max(0.0, drain_s / 2))
+        log.info("drain_finished", drained=drained, in_flight=app[LIFECYCLE].in_flight)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+        await listener.close()
+        log.info("sidecar_stopped")
+

@@ -1,0 +1,577 @@
+"""The gRPC front: KServe v2's GRPCInferenceService (and grpc.health.v1) on `listen.grpc_port`.
+
+Like the HTTP front it only decodes, calls the serving core and encodes. Requests and answers stay
+the client's and Triton's own bytes (identity serializers): a request that passes validation is
+forwarded as it came, and an answer with nothing to hide is returned as Triton sent it; messages are
+parsed with tritonclient's `service_pb2` only to be checked. One long-lived channel to Triton's gRPC
+port (`triton.grpc_url`, loopback inside the pod).
+
+Refusals carry the same message and reason as over HTTP: the status code is `Reason.grpc_code`, the
+reason is in the trailing metadata `x-sidecar-reason`, a quarantine adds `grpc-retry-pushback-ms`.
+Every repository, shared-memory, trace and log RPC answers PERMISSION_DENIED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+import numpy as np
+import structlog
+from aiohttp import web
+from google.protobuf import json_format
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb
+
+from sidecar.fronts.appkeys import CONFIG, LIFECYCLE, SERVING, STATES, WATCH
+from sidecar.fronts.http_routes import exposed_extensions, server_problems
+from sidecar.messages import cut
+from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
+from sidecar.serving.core import OutputPolicy, Screened, ServingCore
+from sidecar.serving.filtering import hide_in_config, hide_in_metadata
+from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
+from sidecar.serving.telemetry import GRPC, RequestContext
+from sidecar.serving.validation import ModelSpec, validate_decoded_request
+
+log = structlog.get_logger("sidecar.proxy")
+
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+#: RPCs answered here; every other RPC of the service is Triton's control API and is refused.
+SERVED = frozenset({"ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
+                    "ModelStatistics", "ModelInfer", "ModelStreamInfer"})
+
+
+CONTROL = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
+                if m.name not in SERVED)
+
+
+#: Metadata passed on to Triton; everything else (auth, cookies) stays here.
+FORWARDED_METADATA = ("traceparent", "tracestate")
+
+
+REASON_KEY = "x-sidecar-reason"
+
+
+#: Typed `contents` field of each datatype (FP16, BF16 can only be sent raw).
+_CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+             "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+             "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+             "FP64": "fp64_contents"}
+
+
+_FLOAT_DTYPES = {"FP16": "<f2", "FP32": "<f4", "FP64": "<f8"}
+
+
+#: Triton's own errors that are the client's to fix: passed on with Triton's code and words.
+_CLIENT_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                           grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE,
+                           grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.ALREADY_EXISTS,
+                           grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED})
+
+
+_STREAM_END = object()
+
+
+Handler = Callable[[bytes, grpc.aio.ServicerContext, RequestContext], Awaitable[bytes]]
+
+
+def _parameters(params: Any) -> dict[str, Any]:
+    out = {}
+    for key, value in params.items():
+        choice = value.WhichOneof("parameter_choice")
+        if choice is not None:
+            out[key] = getattr(value, choice)
+    return out
+
+
+def decode_infer_request(request: pb.ModelInferRequest) -> tuple[dict[str, Any], bytes]:
+    """The request as the core checks it: the v2 JSON shape, typed contents as `data`, raw (and
+    BYTES) contents as binary chunks announced by `binary_data_size`."""
+    doc: dict[str, Any] = {"inputs": []}
+    if request.id:
+        doc["id"] = request.id
+    params = _parameters(request.parameters)
+    if params:
+        doc["parameters"] = params
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise Refusal(Reason.SCHEMA, f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: send "
+                                     "every input's data raw, or none", model=request.model_name)
+    chunks = []
+    for i, tensor in enumerate(request.inputs):
+        entry: dict[str, Any] = {"name": tensor.name, "shape": list(tensor.shape), "datatype": tensor.datatype}
+        tensor_params = _parameters(tensor.parameters)
+        if raw:
+            tensor_params["binary_data_size"] = len(raw[i])
+            chunks.append(raw[i])
+        elif tensor.datatype == "BYTES":
+            blob = b"".join(struct.pack("<I", len(b)) + b for b in tensor.contents.bytes_contents)
+            tensor_params["binary_data_size"] = len(blob)
+            chunks.append(blob)
+        elif tensor.datatype in _CONTENTS:
+            entry["data"] = list(getattr(tensor.contents, _CONTENTS[tensor.datatype]))
+        else:
+            raise Refusal(Reason.DATATYPE, f"input {cut(tensor.name)!r}: {cut(tensor.datatype)} tensors can only be "
+                                           "sent in raw_input_contents", model=request.model_name, input=tensor.name)
+        if tensor_params:
+            entry["parameters"] = tensor_params
+        doc["inputs"].append(entry)
+    if request.outputs:
+        doc["outputs"] = [{"name": o.name, **({"parameters": _parameters(o.parameters)} if o.parameters else {})}
+                          for o in request.outputs]
+    return doc, b"".join(chunks)
+
+
+@dataclass
+class GrpcAnswer:
+    """Triton's serialized ModelInferResponse, or the error it answered that is the client's to fix."""
+
+    payload: bytes = b""
+    error: tuple[grpc.StatusCode, str] | None = None
+
+
+def screen_infer_response(answer: GrpcAnswer, policy: OutputPolicy) -> Screened[GrpcAnswer]:
+    if answer.error is not None:
+        return Screened(answer, success=False)
+    if policy.is_hidden is None and not policy.check_non_finite:
+        return Screened(answer)
+    response = pb.ModelInferResponse.FromString(answer.payload)
+    raw = response.raw_output_contents
+    dropped, non_finite = [], []
+    for i in reversed(range(len(response.outputs))):
+        output = response.outputs[i]
+        if policy.is_hidden is not None and policy.is_hidden(output.name):
+            dropped.append(output.name)
+            del response.outputs[i]
+            if i < len(raw):
+                del raw[i]
+        elif policy.check_non_finite and output.datatype in _FLOAT_DTYPES and not _finite(output, raw, i):
+            non_finite.append(output.name)
+    dropped.reverse()
+    non_finite.reverse()
+    payload = response.SerializeToString() if dropped else answer.payload
+    return Screened(GrpcAnswer(payload), dropped=dropped, non_finite=non_finite)
+
+
+def _finite(output: Any, raw: Any, index: int) -> bool:
+    if index < len(raw):
+        values = np.frombuffer(raw[index], dtype=_FLOAT_DTYPES[output.datatype])
+    else:
+        field = "fp64_contents" if output.datatype == "FP64" else "fp32_contents"
+        values = np.asarray(getattr(output.contents, field), dtype=np.float64)
+    return bool(np.isfinite(values).all())
+
+
+def upstream_failure(e: grpc.aio.AioRpcError) -> UpstreamFailure:
+    code = e.code()
+    detail = cut(e.details() or code.name, 300)
+    if code is grpc.StatusCode.UNAVAILABLE:
+        return UpstreamFailure(FailureKind.UNREACHABLE, detail)
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return UpstreamFailure(FailureKind.TIMEOUT, detail)
+    if code is grpc.StatusCode.CANCELLED:
+        return UpstreamFailure(FailureKind.DROPPED, detail)
+    # Triton's verdict on the model's stub, typed where HTTP answers are typed (sidecar.triton).
+    return UpstreamFailure(FailureKind.SERVER_ERROR, detail,
+                           stub_dead=isinstance(triton_error(500, e.details() or ""), StubUnhealthy))
+
+
+class GrpcInferExchange:
+    """One ModelInfer: validated as decoded, forwarded as the client's bytes."""
+
+    def __init__(self, front: GrpcFront, payload: bytes, request: pb.ModelInferRequest,
+                 metadata: tuple[tuple[str, str], ...], timeout_s: float) -> None:
+        self.front, self.payload, self.request = front, payload, request
+        self.metadata, self.timeout_s = metadata, timeout_s
+
+    def validate(self, spec: ModelSpec) -> None:
+        doc, binary = decode_infer_request(self.request)
+        validate_decoded_request(spec, doc, binary)
+
+    async def send(self) -> GrpcAnswer:
+        try:
+            payload = await self.front.upstream_infer(self.payload, timeout=self.timeout_s, metadata=self.metadata)
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _CLIENT_CODES:
+                return GrpcAnswer(error=(e.code(), e.details() or ""))
+            raise upstream_failure(e) from e
+        return GrpcAnswer(payload)
+
+    @staticmethod
+    def screen(answer: GrpcAnswer, policy: OutputPolicy) -> Screened[GrpcAnswer]:
+        """Also used alone (on the class) for the responses that arrive on a stream."""
+        return screen_infer_response(answer, policy)
+
+
+class _PassedOn(Exception):
+    """Triton's own error for the client, passed on with its code."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+class GrpcFront:
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        self.core: ServingCore = app[SERVING]
+        config = app[CONFIG]
+        self.config = config
+        self.channel = grpc.aio.insecure_channel(config.triton.grpc_url, options=[
+            ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
+        self.upstream_infer = self.channel.unary_unary(f"/{SERVICE}/ModelInfer")
+        self.upstream_stream = self.channel.stream_stream(f"/{SERVICE}/ModelStreamInfer")
+        self._unary = {name: self.channel.unary_unary(f"/{SERVICE}/{name}") for name in
+                       ("ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics")}
+        self.server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", config.validation.max_body_bytes),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),
+        ])
+        handlers: dict[str, grpc.RpcMethodHandler] = {
+            "ServerLive": self._unary_handler("ServerLive", self._server_live),
+            "ServerReady": self._unary_handler("ServerReady", self._server_ready),
+            "ModelReady": self._unary_handler("ModelReady", self._model_ready),
+            "ServerMetadata": self._unary_handler("ServerMetadata", self._server_metadata),
+            "ModelMetadata": self._unary_handler("ModelMetadata", self._model_metadata),
+            "ModelConfig": self._unary_handler("ModelConfig", self._model_config),
+            "ModelStatistics": self._unary_handler("ModelStatistics", self._model_statistics),
+            "ModelInfer": self._unary_handler("ModelInfer", self._model_infer),
+            "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(self._model_stream_infer),
+        }
+        for name in CONTROL:
+            handlers[name] = self._unary_handler(name, self._control(name))
+        self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, handlers)])
+        health_pb2_grpc.add_HealthServicer_to_server(HealthService(app), self.server)
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> None:
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if not self.port:
+            raise OSError(f"cannot listen for gRPC on {host}:{port} (listen.grpc_port)")
+        await self.server.start()
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        await self.server.stop(grace_s)
+        await self.channel.close()
+
+    # -- the outer part of every unary RPC: identity, telemetry, refusals ------------------------------------
+
+    def _unary_handler(self, name: str, handler: Handler) -> grpc.RpcMethodHandler:
+        path = f"/{SERVICE}/{name}"
+
+        async def run(payload: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            telemetry = self.core.telemetry
+            metadata = dict(context.invocation_metadata() or ())
+            ctx = telemetry.begin(GRPC, metadata.get("x-request-id"), metadata.get("traceparent"))
+            lifecycle = self.app[LIFECYCLE]
+            lifecycle.request_started()
+            tokens = structlog.contextvars.bind_contextvars(request_id=ctx.request_id, trace_id=ctx.trace_id)
+            code, reason = "OK", ""
+            try:
+                try:
+                    answer = await handler(payload, context, ctx)
+                    context.set_trailing_metadata((("x-request-id", ctx.request_id),))
+                    return answer
+                except Refusal as e:
+                    code, reason = e.reason.grpc_code, e.reason.value
+                    if e.before_triton:
+                        telemetry.rejected(ctx, reason)
+                    await _abort(context, ctx, e)
+                    raise AssertionError("unreachable") from None  # abort raises
+                except _PassedOn as e:
+                    code = e.code.name
+                    context.set_trailing_metadata((("x-request-id", ctx.request_id),))
+                    await context.abort(e.code, e.details)
+                    raise AssertionError("unreachable") from None
+                except asyncio.CancelledError:
+                    code, reason = "CANCELLED", Reason.CLIENT_GONE.value
+                    raise
+            finally:
+                telemetry.finish(ctx, code, method="grpc", path=path, reason=reason, failed=code != "OK")
+                structlog.contextvars.reset_contextvars(**tokens)
+                lifecycle.request_finished()
+
+        return grpc.unary_unary_rpc_method_handler(run)
+
+    def _timeout(self, context: grpc.aio.ServicerContext) -> float:
+        """The client's deadline, bounded by proxy.upstream_timeout_s."""
+        bound = self.core.settings.upstream_timeout_s
+        remaining = context.time_remaining()
+        return bound if remaining is None else max(0.001, min(bound, remaining))
+
+    def _forwarded(self, context: grpc.aio.ServicerContext, ctx: RequestContext) -> tuple[tuple[str, str], ...]:
+        metadata = dict(context.invocation_metadata() or ())
+        passed = [(key, metadata[key]) for key in FORWARDED_METADATA if key in metadata]
+        return (("x-request-id", ctx.request_id), *passed)
+
+    async def _call(self, name: str, payload: bytes, context: grpc.aio.ServicerContext, ctx: RequestContext,
+                    model: str = "") -> bytes:
+        """A unary call to Triton for a document; failures become the core's refusals."""
+        try:
+            return await self._unary[name](payload, timeout=min(self._timeout(context), self.config.triton.timeout_s),
+                                           metadata=self._forwarded(context, ctx))
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _CLIENT_CODES:
+                raise _PassedOn(e.code(), e.details() or "") from e
+            raise self.core.upstream_refusal(model, upstream_failure(e), signal=False) from e
+
+    # -- health and metadata -----------------------------------------------------------------------------------
+
+    async def _server_live(self, payload: bytes, context: grpc.aio.ServicerContext, ctx: RequestContext) -> bytes:
+        return pb.ServerLiveResponse(live=self.app[WATCH].live).SerializeToString()
+
+    async def _server_ready(self, payload: bytes, context: grpc.aio.ServicerContext, ctx: RequestContext) -> bytes:
+        return pb.ServerReadyResponse(ready=not server_problems(self.app)).SerializeToString()
+
+    async def _model_ready(self, payload: bytes, context: grpc.aio.ServicerContext, ctx: RequestContext) -> bytes:
+        request = pb.ModelReadyRequest.FromString(payload)
+        self.core.resolve(ctx, request.name, request.version)
+        if not self.core.admission.serves(request.name):
+            return pb.ModelReadyResponse(ready=False).SerializeToString()
+        return await self._call("ModelReady", payload, context, ctx, request.name)
+
+    async def _server_metadata(self, payload: bytes, context: grpc.aio.ServicerContext, ctx: RequestContext
+                               ) -> bytes:
+        response = pb.ServerMetadataResponse.FromString(await self._call("ServerMetadata", payload, context, ctx))
+        kept = exposed_extensions(self.core, list(response.extensions))
+        del response.extensions[:]
+        response.extensions.extend(kept)
+        return response.SerializeToString()
+
+    async def _model_metadata(self, payload: bytes, context: grpc.aio.ServicerContext, ctx: RequestContext
+                              ) -> bytes:
+        request = pb.ModelMetadataRequest.FromString(payload)
+        self.core.resolve(ctx, request.name, request.version)
+        answer = await self._call("ModelMetadata", payload, context, ctx, request.name)
+        return self._hidden(request.name, answer, pb.ModelMetadataResponse, None, hide_in_metadata)
+
+    async def _model_config(self, payload: bytes, context: grpc.aio.ServicerContext, ctx: RequestContext) -> bytes:
+        request = pb.ModelConfigRequest.FromString(payload)
+        self.core.resolve(ctx, request.name, request.version)
+        answer = await self._call("ModelConfig", payload, context, ctx, request.name)
+        return self._hidden(request.name, answer, pb.ModelConfigResponse, "config", hide_in_config)
+
+    def _hidden(self, model: str, answer: bytes, message: Any, part: str | None,
+                hide: Callable[[Any, Callable[[str], bool]], tuple[dict[str, Any], list[str]]]) -> bytes:
+        """The document without the model's hidden outputs, hidden by the very code HTTP uses."""
+        is_hidden = self.core.filter.for_model(model)
+        if is_hidden is None:
+            return answer
+        response = message.FromString(answer)
+        target = getattr(response, part) if part else response
+        doc, dropped = hide(json_format.MessageToDict(target, preserving_proto_field_name=True), is_hidden)
+        if not dropped:
+            return answer
+        self.core.telemetry.filtered(model, dropped)
+        target.Clear()
+        json_format.ParseDict(doc, target)
+        return response.SerializeToString()
+
+    async def _model_statistics(self, payload: bytes, context: grpc.aio.ServicerContext, ctx: RequestContext
+                                ) -> bytes:
+        if not self.core.settings.allow_statistics:
+            raise Refusal(Reason.FORBIDDEN_ENDPOINT, "statistics are not exposed through the sidecar "
+                                                     "(proxy.allow_statistics is off)")
+        request = pb.ModelStatisticsRequest.FromString(payload)
+        if request.name:
+            self.core.resolve(ctx, request.name, request.version)
+        return await self._call("ModelStatistics", payload, context, ctx, request.name)
+
+    def _control(self, name: str) -> Handler:
+        async def refuse(payload: bytes, context: grpc.aio.ServicerContext, ctx: RequestContext) -> bytes:
+            raise Refusal(Reason.FORBIDDEN_ENDPOINT, f"{name} is part of Triton's control API, which stays inside "
+                                                     "the pod; only inference, metadata, config, readiness and "
+                                                     "health are served here")
+
+        return refuse
+
+    # -- inference -----------------------------------------------------------------------------------------------
+
+    async def _model_infer(self, payload: bytes, context: grpc.aio.ServicerContext, ctx: RequestContext) -> bytes:
+        request = _parse_infer(payload)
+        model, version = request.model_name, request.model_version
+        self.core.resolve(ctx, model, version)
+        exchange = GrpcInferExchange(self, payload, request, self._forwarded(context, ctx), self._timeout(context))
+        answer = await self.core.infer(model, version, exchange)
+        if answer.error is not None:
+            raise _PassedOn(*answer.error)
+        return answer.payload
+
+    async def _model_stream_infer(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+                                  ) -> AsyncIterator[bytes]:
+        """Every request validated as it comes, every response screened as it passes; a refusal of one
+        request is an in-stream error (as Triton sends them) unless the model or Triton cannot be
+        trusted any more: then the stream ends with UNAVAILABLE."""
+        core = self.core
+        metadata = dict(context.invocation_metadata() or ())
+        ctx = core.telemetry.begin(GRPC, metadata.get("x-request-id"), metadata.get("traceparent"))
+        lifecycle = self.app[LIFECYCLE]
+        lifecycle.request_started()
+        outbox: asyncio.Queue[Any] = asyncio.Queue()
+        upstream = self.upstream_stream(metadata=self._forwarded(context, ctx))
+        #: The models this stream has sent requests to: each is watched for a quarantine.
+        models: set[str] = set()
+        watchers: list[asyncio.Task[None]] = []
+        code, reason = "OK", ""
+
+        async def forward_requests() -> None:
+            async for payload in requests:
+                try:
+                    request = _parse_infer(payload)
+                    core.resolve(ctx, request.model_name, request.model_version)
+                    spec = await core.admitted_spec(request.model_name, request.model_version)
+                    validate_decoded_request(spec, *decode_infer_request(request))
+                except Refusal as e:
+                    if e.reason.grpc_code == "UNAVAILABLE":
+                        await outbox.put(e)
+                        return
+                    if e.before_triton:
+                        core.telemetry.rejected(ctx, e.reason.value)
+                    await outbox.put(_stream_error(e.message, e.reason.value, request_id=""))
+                    continue
+                if request.model_name not in models:
+                    models.add(request.model_name)
+                    watchers.append(asyncio.create_task(watch_quarantine(request.model_name)))
+                await upstream.write(payload)
+            await upstream.done_writing()
+
+        async def watch_quarantine(model: str) -> None:
+            await core.admission.until_untrusted(model)
+            await outbox.put(core.admission.quarantine_refusal(model))
+
+        async def forward_responses() -> None:
+            try:
+                async for answer in upstream:
+                    await outbox.put(answer)
+            except grpc.aio.AioRpcError as e:
+                await outbox.put(core.upstream_refusal("", upstream_failure(e), signal=False))
+                return
+            await outbox.put(_STREAM_END)
+
+        tasks = [asyncio.create_task(forward_requests()), asyncio.create_task(forward_responses())]
+        try:
+            while True:
+                item = await outbox.get()
+                if item is _STREAM_END:
+                    break
+                if isinstance(item, Refusal):
+                    code, reason = item.reason.grpc_code, item.reason.value
+                    await _abort(context, ctx, item)
+                yield self._screen_stream_response(item, models)
+        except asyncio.CancelledError:
+            code, reason = "CANCELLED", Reason.CLIENT_GONE.value
+            raise
+        finally:
+            upstream.cancel()  # a client that leaves cancels Triton's side too
+            for task in tasks + watchers:
+                task.cancel()
+            core.telemetry.finish(ctx, code, method="grpc", path=f"/{SERVICE}/ModelStreamInfer", reason=reason,
+                                  failed=code != "OK")
+            lifecycle.request_finished()
+
+    def _screen_stream_response(self, payload: bytes, models: set[str]) -> bytes:
+        response = pb.ModelStreamInferResponse.FromString(payload)
+        model = response.infer_response.model_name
+        if response.error_message:
+            # Triton's own in-stream error: a passive signal for the model the stream talks to.
+            if response.error_message[:1] != "[" and len(models) == 1:
+                verdict = triton_error(500, response.error_message)
+                self.core.signals.upstream_failed(next(iter(models)), f"Triton answered: {response.error_message}",
+                                                  stub_dead=isinstance(verdict, StubUnhealthy))
+            return payload
+        if model not in self.app[STATES]:
+            return payload
+        original = response.infer_response.SerializeToString()
+        try:
+            answer = self.core.screen(model, GrpcAnswer(original), GrpcInferExchange)  # type: ignore[arg-type]
+        except Refusal as e:
+            return _stream_error(e.message, e.reason.value, request_id=response.infer_response.id)
+        if answer.payload is original:
+            return payload
+        response.infer_response.ParseFromString(answer.payload)
+        return response.SerializeToString()
+
+
+def _parse_infer(payload: bytes) -> pb.ModelInferRequest:
+    try:
+        return pb.ModelInferRequest.FromString(payload)
+    except Exception as e:
+        raise Refusal(Reason.MALFORMED, f"not a ModelInferRequest: {cut(str(e))}") from e
+
+
+def _stream_error(message: str, reason: str, *, request_id: str) -> bytes:
+    response = pb.ModelStreamInferResponse(error_message=f"[{reason}] {message}")
+    if request_id:
+        response.infer_response.id = request_id
+    return response.SerializeToString()
+
+
+async def _abort(context: grpc.aio.ServicerContext, ctx: RequestContext, refusal: Refusal) -> None:
+    trailing = [("x-request-id", ctx.request_id), (REASON_KEY, refusal.reason.value)]
+    if refusal.retry_after is not None:
+        trailing.append(("grpc-retry-pushback-ms", str(refusal.retry_after * 1000)))
+    context.set_trailing_metadata(tuple(trailing))
+    await context.abort(getattr(grpc.StatusCode, refusal.reason.grpc_code), refusal.message)
+
+
+class HealthService(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1 for kubelet gRPC probes and grpc-health-probe: service "" is the pod's
+    readiness, a model's name that model (SERVING only while its golden requests pass)."""
+
+    #: How often (s) Watch looks for a change of status.
+    WATCH_PERIOD_S = 0.5
+
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+
+    def _status(self, service: str) -> int | None:
+        if not service:
+            ready = not server_problems(self.app)
+        elif service in self.app[STATES]:
+            ready = self.app[SERVING].admission.serves(service)
+        else:
+            return None
+        return health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+
+    async def Check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        status = self._status(request.service)
+        if status is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {cut(request.service)!r}: "
+                                                           "'' (the pod) or a guarded model's name")
+        return health_pb2.HealthCheckResponse(status=status)
+
+    async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        last = None
+        while True:
+            status = self._status(request.service)
+            if status is None:
+                status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+            if status != last:
+                last = status
+                yield health_pb2.HealthCheckResponse(status=status)
+            await asyncio.sleep(self.WATCH_PERIOD_S)
+
+
+async def grpc_front(app: web.Application) -> AsyncIterator[None]:
+    """cleanup_ctx: the gRPC server runs as long as the app (listen.grpc_port 0 = none)."""
+    config = app[CONFIG]
+    if not config.listen.grpc_port:
+        yield
+        return
+    front = GrpcFront(app)
+    await front.start(config.listen.host, config.listen.grpc_port)
+    log.info("grpc_listening", listen=f"{config.listen.host}:{front.port}", triton=config.triton.grpc_url)
+    try:
+        yield
+    finally:
+        await front.stop(grace_s=1.0)
+

@@ -1,0 +1,278 @@
+"""The boundary to Triton's HTTP API, through `tritonclient.http.aio`.
+
+Everything the probes and the healer ask Triton goes through `TritonClient`; every failure comes out
+as one of two exceptions: `TritonUnavailable` (no answer: refused, reset, or `TritonTimeout`) or
+`TritonError` (an answer, but not a good one, with its HTTP status and Triton's message).
+
+Triton's own diagnosis is a type, decided here and nowhere else: `StubUnhealthy` when Triton declares a
+model instance's python-backend stub dead. Callers branch on the type, never on Triton's wording.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import aiohttp
+import numpy as np
+import tritonclient.http as triton_http
+import tritonclient.http.aio as triton_aio
+from tritonclient.utils import InferenceServerException
+
+from sidecar.golden.cases import GENERATE_STREAM, GoldenCase, ReceivedOutput, request_as_arrays
+from sidecar.messages import cut
+from sidecar.protocol.sse import EventSplitter, text_of
+from sidecar.protocol.triton_errors import (
+    MAX_ERROR_CHARS,
+    StubUnhealthy,
+    TritonError,
+    TritonTimeout,
+    TritonUnavailable,
+    triton_error,
+)
+
+
+@dataclass(frozen=True)
+class InferOutcome:
+    """What one inference gave: status 200 with outputs, or an error status with Triton's message."""
+
+    status: int
+    outputs: Mapping[str, ReceivedOutput] = field(default_factory=dict)
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class GenerateOutcome:
+    """What one generate (or generate_stream) call gave: the text of the case's field (concatenated
+    over events), Triton's error if any (an error event, or 200 with an error body), and timings."""
+
+    status: int
+    text: str = ""
+    error: str = ""
+    events: int = 0
+    #: Seconds from sending the request to the first event (streams) and to the end of the answer.
+    first_event_s: float | None = None
+    total_s: float = 0.0
+
+
+
+def _translate(e: BaseException) -> Exception:
+    if isinstance(e, InferenceServerException):
+        try:
+            status = int(e.status() or 0)
+        except ValueError:
+            status = 0
+        if status:
+            return triton_error(status, _cut(str(e.message())))
+        return TritonUnavailable(_cut(str(e.message())))
+    if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
+        return TritonTimeout("no answer within the time limit")
+    return TritonUnavailable(_cut(f"{type(e).__name__}: {e}"))
+
+
+_TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, asyncio.TimeoutError, InferenceServerException, ValueError)
+
+
+class TritonClient:
+    """One pooled connection to Triton, used by probes and the healer from one event loop."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 5.0,
+        repository_headers: Mapping[str, str] | None = None,
+        max_call_s: float = 600.0,
+    ) -> None:
+        parts = urlsplit(url)
+        # tritonclient wants host:port without the scheme.
+        self._client = triton_aio.InferenceServerClient(
+            parts.netloc, conn_timeout=max_call_s, ssl=parts.scheme == "https"
+        )
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._repository_headers = dict(repository_headers or {})
+        self._bodies: dict[tuple[str, str, str], tuple[bytes, dict[str, str]]] = {}
+        self._infer_session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        await self._client.close()
+        if self._infer_session is not None:
+            await self._infer_session.close()
+
+    async def _call(self, coro: Any, timeout_s: float | None = None) -> Any:
+        try:
+            async with asyncio.timeout(timeout_s or self.timeout_s):
+                return await coro
+        except _TRANSPORT_ERRORS as e:
+            raise _translate(e) from e
+
+    async def server_live(self, timeout_s: float | None = None) -> bool:
+        return await self._call(self._client.is_server_live(), timeout_s)
+
+    async def server_ready(self, timeout_s: float | None = None) -> bool:
+        return await self._call(self._client.is_server_ready(), timeout_s)
+
+    async def model_ready(self, model: str, version: str = "", timeout_s: float | None = None) -> bool:
+        return await self._call(self._client.is_model_ready(model, version), timeout_s)
+
+    async def model_metadata(self, model: str, version: str = "", timeout_s: float | None = None) -> dict[str, Any]:
+        return await self._call(self._client.get_model_metadata(model, version), timeout_s)
+
+    async def model_config(self, model: str, version: str = "", timeout_s: float | None = None) -> dict[str, Any]:
+        return await self._call(self._client.get_model_config(model, version), timeout_s)
+
+    async def repository_index(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """The repository index, asked with the body `{}`: Triton takes none, but other v2 servers
+        (MLServer) refuse a POST without a JSON object (422), as tritonclient sends it."""
+        headers = {"Content-Type": "application/json", **self._repository_headers}
+
+        async def post() -> list[dict[str, Any]]:
+            async with self._session().post(f"{self.url}/v2/repository/index", data=b"{}", headers=headers) as response:
+                raw = await response.read()
+                if response.status != 200:
+                    raise triton_error(response.status, _error_message(raw))
+                index = json.loads(raw)
+                if not isinstance(index, list):
+                    raise TritonError(502, _cut(f"a repository index that is not a list: {raw[:100]!r}"))
+                return index
+
+        return await self._call(post(), timeout_s)
+
+    async def load_model(self, model: str, timeout_s: float | None = None) -> None:
+        await self._call(self._client.load_model(model, headers=self._repository_headers or None), timeout_s)
+
+    async def unload_model(self, model: str, timeout_s: float | None = None) -> None:
+        await self._call(self._client.unload_model(model, headers=self._repository_headers or None), timeout_s)
+
+    async def infer_case(self, case: GoldenCase, timeout_s: float | None = None) -> InferOutcome:
+        """Send the case's request as JSON, as a client would, and collect the answer: an error status
+        is an outcome (golden error cases expect one), except Triton's verdict that the instance is
+        dead, which no golden case expects: that raises StubUnhealthy."""
+        body, headers = self._request_body(case)
+        path = f"v2/models/{quote(case.model)}" + (f"/versions/{case.version}" if case.version else "") + "/infer"
+
+        async def post() -> InferOutcome:
+            async with self._session().post(f"{self.url}/{path}", data=body, headers=headers) as response:
+                raw = await response.read()
+                if response.status != 200:
+                    error = triton_error(response.status, _error_message(raw))
+                    if isinstance(error, StubUnhealthy):
+                        raise error
+                    return InferOutcome(status=response.status, error=error.message)
+                length = response.headers.get("Inference-Header-Content-Length")
+                try:
+                    result = triton_aio.InferenceServerClient.parse_response_body(
+                        raw, header_length=int(length) if length is not None else None)
+                    return InferOutcome(status=200, outputs=_received_outputs(result))
+                except (InferenceServerException, ValueError, KeyError, TypeError) as e:
+                    raise TritonError(502, _cut(f"an answer that is not v2 JSON: {e}")) from e
+
+        return await self._call(post(), timeout_s)
+
+    async def generate_case(self, case: GoldenCase, timeout_s: float | None = None) -> GenerateOutcome:
+        """Send a generate case's request as a client would; read a stream event by event."""
+        path = f"v2/models/{quote(case.model)}" + (f"/versions/{case.version}" if case.version else "")
+        path += "/" + case.endpoint
+        body = json.dumps(case.request).encode()
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+        field_name = case.text.field if case.text is not None else "text_output"
+
+        async def post() -> GenerateOutcome:
+            started = loop_time()
+            async with self._session().post(f"{self.url}/{path}", data=body, headers=headers) as response:
+                if case.endpoint != GENERATE_STREAM or response.status != 200:
+                    raw = await response.read()
+                    if raw.startswith(b"data:"):
+                        raw = raw[5:].strip()
+                    try:
+                        doc = json.loads(raw)
+                    except ValueError as e:
+                        if response.status != 200:
+                            return GenerateOutcome(response.status, error=_error_message(raw))
+                        raise TritonError(502, _cut(f"a generate answer that is not JSON: {e}")) from e
+                    if not isinstance(doc, dict):
+                        raise TritonError(502, "a generate answer that is not a JSON object")
+                    error = _cut(str(doc["error"])) if "error" in doc else ""
+                    return GenerateOutcome(response.status, text_of(doc, field_name), error, 1,
+                                           total_s=loop_time() - started)
+                splitter, pieces, events, first = EventSplitter(), [], 0, None
+                async for chunk in response.content.iter_any():
+                    for data in splitter.feed(chunk):
+                        try:
+                            doc = json.loads(data)
+                        except ValueError as e:
+                            raise TritonError(502, _cut(f"an event that is not JSON: {e}")) from e
+                        if first is None:
+                            first = loop_time() - started
+                        if isinstance(doc, dict) and "error" in doc:
+                            return GenerateOutcome(200, "".join(pieces), _cut(str(doc["error"])), events, first,
+                                                   loop_time() - started)
+                        events += 1
+                        pieces.append(text_of(doc, field_name) if isinstance(doc, dict) else "")
+                return GenerateOutcome(200, "".join(pieces), "", events, first, loop_time() - started)
+
+        return await self._call(post(), timeout_s)
+
+    def _request_body(self, case: GoldenCase) -> tuple[bytes, dict[str, str]]:
+        """The request encoded once by tritonclient and kept: probes repeat it every few seconds,
+        and encoding thousands of floats as JSON is most of a probe's CPU."""
+        key = (case.model, case.name, str(case.path))
+        cached = self._bodies.get(key)
+        if cached is not None:
+            return cached
+        inputs = []
+        for name, datatype, array in request_as_arrays(case):
+            tensor = triton_http.InferInput(name, list(array.shape), datatype)
+            tensor.set_data_from_numpy(array, binary_data=False)
+            inputs.append(tensor)
+        outputs = [
+            triton_http.InferRequestedOutput(o["name"], binary_data=False)
+            for o in case.request.get("outputs", [])
+        ] or None
+        body, json_size = triton_aio.InferenceServerClient.generate_request_body(
+            inputs, outputs=outputs, parameters=case.request.get("parameters"))
+        # Identity: Triton would gzip the answer, and decompressing costs more than loopback bytes.
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+        if json_size is not None:
+            headers["Inference-Header-Content-Length"] = str(json_size)
+        self._bodies[key] = (body if isinstance(body, bytes) else body.encode(), headers)
+        return self._bodies[key]
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._infer_session is None or self._infer_session.closed:
+            self._infer_session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
+        return self._infer_session
+
+
+def loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
+def _error_message(raw: bytes) -> str:
+    try:
+        return _cut(str(json.loads(raw)["error"]))
+    except (ValueError, KeyError, TypeError):
+        return _cut(raw.decode(errors="replace")) or "(empty answer)"
+
+
+def _received_outputs(result: Any) -> dict[str, ReceivedOutput]:
+    received = {}
+    for output in result.get_response().get("outputs", []):
+        name = output["name"]
+        data = result.as_numpy(name)
+        if data is None:
+            data = np.array([], dtype=np.float64)
+        received[name] = ReceivedOutput(
+            datatype=output["datatype"], shape=tuple(output["shape"]), data=np.asarray(data)
+        )
+    return received
+
+
+def _cut(text: str) -> str:
+    return cut(text, MAX_ERROR_CHARS)

@@ -1,0 +1,50 @@
+"""Passive signals: what clients' answers say about a model between two probe rounds.
+
+Consecutive Triton failures, or a NaN/Inf answer that the model's golden files do not expect, bring
+the model's next probe round forward, so a fault seen by traffic is judged in milliseconds rather
+than at the next probe interval. Under load a dead stub makes probes time out behind queued
+requests; clients' answers still carry Triton's own diagnosis (the front types it: `stub_dead`),
+which the healer is told about so that it does not wait for an unload that never finishes.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from sidecar.states import ModelStates, Transition
+
+log = structlog.get_logger("sidecar.signals")
+
+
+class PassiveSignals:
+    def __init__(self, *, states: ModelStates, failure_threshold: int,
+                 note_stub_dead: Callable[[str], None], probe_soon: Callable[[str], None]) -> None:
+        self._threshold = failure_threshold
+        self._note_stub_dead = note_stub_dead
+        self._probe_soon = probe_soon
+        self._failures: collections.Counter[str] = collections.Counter()
+        states.add_listener(self._on_transition)
+
+    def _on_transition(self, t: Transition) -> None:
+        self._failures[t.model] = 0
+
+    def upstream_failed(self, model: str, cause: str, *, stub_dead: bool = False) -> None:
+        if stub_dead:
+            self._note_stub_dead(model)
+        self._failures[model] += 1
+        if self._failures[model] >= self._threshold:
+            self._failures[model] = 0
+            log.warning("passive_signal", model=model, signal="consecutive_failures", cause=cause)
+            self._probe_soon(model)
+
+    def upstream_answered(self, model: str) -> None:
+        if self._failures[model]:
+            self._failures[model] = 0
+
+    def non_finite_answer(self, model: str, outputs: Sequence[str]) -> None:
+        log.warning("passive_signal", model=model, signal="non_finite_output", outputs=list(outputs))
+        self._probe_soon(model)
+

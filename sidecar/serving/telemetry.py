@@ -1,0 +1,127 @@
+"""Request telemetry for both fronts: request and trace ids, request metrics, the sampled access log.
+
+Metric children are cached per label set: `labels()` costs a lock and a dict lookup on every call,
+which is measurable on the proxy's hot path.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from sidecar.messages import cut
+from sidecar.metrics import SidecarMetrics
+from sidecar.serving.admission import SERVER_LABEL
+
+log = structlog.get_logger("sidecar.proxy")
+
+
+HTTP = "http"
+
+
+GRPC = "grpc"
+
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
+
+
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+@dataclass
+class RequestContext:
+    """One proxied request (or stream), whatever the wire."""
+
+    protocol: str
+    request_id: str
+    trace_id: str
+    #: Bounded model label for metrics: a tracked model's name, SERVER_LABEL or UNKNOWN_LABEL.
+    label: str = SERVER_LABEL
+    started: float = field(default_factory=time.perf_counter)
+
+
+class RequestTelemetry:
+    def __init__(self, *, metrics: SidecarMetrics, access_log_sample_rate: float) -> None:
+        self._metrics = metrics
+        self._sample_rate = access_log_sample_rate
+        self._rng = random.Random()  # noqa: S311 - log sampling and request ids, not secrets
+        self._requests: dict[tuple[str, ...], Any] = {}
+        self._durations: dict[tuple[str, ...], Any] = {}
+        self._rejections: dict[tuple[str, ...], Any] = {}
+        self._in_flight: dict[tuple[str, ...], Any] = {}
+        self._filtered: dict[tuple[str, ...], Any] = {}
+
+    def begin(self, protocol: str, request_id: str | None, traceparent: str | None) -> RequestContext:
+        """The request's context: the client's X-Request-ID when it is sane, else a new one."""
+        rid = request_id if request_id and _REQUEST_ID.fullmatch(request_id) else self.new_request_id()
+        return RequestContext(protocol, rid, trace_id(traceparent))
+
+    def new_request_id(self) -> str:
+        """A random 32-hex-digit id (uuid4's shape, without its urandom syscall per request)."""
+        return f"{self._rng.getrandbits(128):032x}"
+
+    def finish(self, ctx: RequestContext, code: str, *, method: str, path: str, reason: str = "",
+               failed: bool = False) -> None:
+        """Count the request and write its access-log line (every failure, a sample of the rest)."""
+        duration = time.perf_counter() - ctx.started
+        _child(self._requests, self._metrics.proxy_requests, protocol=ctx.protocol, model=ctx.label,
+               code=code).inc()
+        _child(self._durations, self._metrics.proxy_duration, protocol=ctx.protocol, model=ctx.label
+               ).observe(duration)
+        if not failed:
+            rate = self._sample_rate
+            # No random draw when the answer is fixed: rate 0 logs none, rate 1 logs all.
+            if rate <= 0 or (rate < 1 and self._rng.random() >= rate):
+                return
+        fields: dict[str, Any] = {
+            "request_id": ctx.request_id, "trace_id": ctx.trace_id, "model": ctx.label,
+            "protocol": ctx.protocol, "method": method, "path": cut(path, 200), "status": code,
+            "duration_ms": round(duration * 1000, 2),
+        }
+        if reason:
+            fields["reason"] = reason
+        if ctx.protocol == HTTP:
+            fields["status"] = int(code)
+        (log.warning if _is_server_side(code) else log.info)("proxy_request", **fields)
+
+    def rejected(self, ctx: RequestContext, reason: str) -> None:
+        _child(self._rejections, self._metrics.proxy_rejections, protocol=ctx.protocol, model=ctx.label,
+               reason=reason).inc()
+
+    def in_flight(self, model: str) -> Any:
+        return _child(self._in_flight, self._metrics.in_flight, model=model)
+
+    def filtered(self, model: str, outputs: list[str]) -> None:
+        for name in outputs:
+            _child(self._filtered, self._metrics.outputs_filtered, model=model, output=name).inc()
+
+
+def _child(cache: dict[tuple[str, ...], Any], metric: Any, **labels: str) -> Any:
+    """The metric's child for these labels, looked up once and then kept."""
+    key = tuple(labels.values())
+    child = cache.get(key)
+    if child is None:
+        child = cache[key] = metric.labels(**labels)
+    return child
+
+
+_SERVER_SIDE_GRPC = frozenset({"UNAVAILABLE", "INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED", "DATA_LOSS"})
+
+
+def _is_server_side(code: str) -> bool:
+    return code[:1] == "5" if code[:1].isdigit() else code in _SERVER_SIDE_GRPC
+
+
+def trace_id(traceparent: str | None) -> str:
+    """The trace id of a W3C traceparent header, or "" (all-zero ids are invalid)."""
+    if traceparent:
+        match = _TRACEPARENT.fullmatch(traceparent.strip())
+        if match and match.group(1) != "0" * 32:
+            return match.group(1)
+    return ""
+
