@@ -1,21 +1,29 @@
-"""Soak with faults: steady proxied load at a bounded rate while a fault of another kind hits a model
-every --fault-every seconds.
+"""Soak with faults, counted as users feel them: clients at full speed with random inputs, a fault every
+--fault-every seconds, every answer checked against the model's true function.
 
-    .venv/bin/python -m bench.soak [--minutes 10] [--rate 50] [--fault-every 30]
+    .venv/bin/python -m bench.soak [--minutes 4] [--clients 4] [--fault-every 20]
+                                   [--faults kill,nan,drift,hang] [--hold-while-suspect-ms 50]
 
-Three models behind the sidecar (`triton-sidecar run`, probe interval 1 s, failure threshold 2):
-two steady credit_risk clones and one copy of tests/models/faulty. The client sends --rate
-requests/s round robin to all three, through the sidecar only (127.0.0.1), and judges every answer:
-correct, wrong (bad scores, or income_prob not filtered), 503 with Retry-After, anything else.
-Faults cycle through nan, drift, unload (by someone else), kill (stub SIGKILL), hang; the next one
-waits until the model is HEALTHY again.
+Two models behind the sidecar (`triton-sidecar run`, probes every 0.5 s, failure threshold 2, the flap
+guard raised for the planned faults): one copy of tests/models/faulty (the victim) and one steady
+credit_risk clone. --clients closed-loop clients send back to back to the victim (about 1,000 req/s
+on this machine), each request with one of 512 random inputs; one client sends --steady-rate req/s to
+the steady model. Every answer is judged against credit_risk's function (bench/repository.py):
+correct, wrong (finite but not the right scores, or a filtered output leaked), NaN served, 503 with
+Retry-After, 502, another status, a client timeout (--client-timeout, 10 s), a connection error.
 
-What passes: zero "anything else" and zero wrong answers, except for requests to the faulted model
-that overlap its exposure window (from the injection until the sidecar has quarantined the model:
-nobody can know before the probes do; those are reported apart); from quarantine on, every answer
-of the faulted model must be correct or a 503 with Retry-After. The sidecar's RSS must grow by less
-than 10% and its open descriptors stay within a few of their start.
-Exit code 0 on pass, 1 on failure.
+Faults cycle through --faults (kill: stub SIGKILL; nan: NaN weights; drift: scaled weights, finite
+but wrong answers; hang: execute() blocks forever; unload: by someone else), and each waits until
+the victim is HEALTHY again. Per fault the report gives what users got (wrong answers served, NaN
+served, 503, 502, client timeouts) and the fault's window: from the first bad answer to the moment
+the sidecar quarantined the model (the first 503 it answered, or /status, whichever came first).
+Wrong answers are also given as seconds of the victim's traffic (wrong ÷ its correct-answer rate).
+
+What passes: no NaN served, no client timeout, no other status or connection error, the steady
+model answers correctly every time, every fault healed, RSS grows by less than 10% and the open
+descriptors return to where they were. Wrong answers during a drift fault are reported against
+issue 23's targets (≤ 0.2 s of traffic, ≤ 0.02 s with --hold-while-suspect-ms 50), not failed on:
+they depend on the probe timing of the machine. Exit code 0 on pass, 1 on failure.
 """
 
 from __future__ import annotations
@@ -24,57 +32,87 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import sys
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 
 from bench.faults import FAULT_DESCRIPTIONS, FAULT_KINDS, FaultyModel
-from bench.inference import features, json_request
+from bench.inference import json_request
 from bench.machine import command_line, describe_machine, keep_logs, write_results
 from bench.procfs import describe_fds, open_fds, rss_bytes
 from bench.repository import EXAMPLES, FAULTY_TEMPLATE, copy_golden, copy_model, credit_risk_scores
 from bench.shutdown import interrupt_on_termination
 from bench.sidecar_process import CREDIT_FILTER_RULE, SidecarProcess, sidecar_settings
-from bench.traffic import CORRECT, OTHER, RETRY_LATER, WRONG, ModelCall, Outcome, Traffic, count
 from sidecar.devtools.tritonserver import LocalTriton
 
-STEADY = ["credit_risk_steady_0", "credit_risk_steady_1"]
 VICTIM = "credit_risk_faulty"
+STEADY = "credit_risk_steady"
+#: What users can get, in the order the report lists them.
+CORRECT, WRONG, NAN, RETRY_LATER, BAD_GATEWAY = "correct", "wrong", "nan_served", "503_retry_after", "502"
+OTHER_STATUS, CLIENT_TIMEOUT, CONNECTION_ERROR = "other_status", "client_timeout", "connection_error"
+CATEGORIES = (CORRECT, WRONG, NAN, RETRY_LATER, BAD_GATEWAY, OTHER_STATUS, CLIENT_TIMEOUT, CONNECTION_ERROR)
+#: Answers that say the model is broken before the sidecar has said so (the start of a fault's window).
+BAD = frozenset({WRONG, NAN, BAD_GATEWAY, OTHER_STATUS, CLIENT_TIMEOUT})
+#: Random inputs the clients choose from: enough that a cached answer could not pass, few enough to
+#: encode once.
+INPUTS = 512
 #: Pass criteria.
 MAX_RSS_GROWTH = 0.10
-#: Open descriptors, both counted idle (before the load and after it has settled), may differ by
-#: this many: a leak leaves one per failed request or per heal instead.
+#: Open descriptors, both counted idle (before the load and after it has settled), may differ by this
+#: many: a leak leaves one per failed request or per heal instead.
 FD_TOLERANCE = 3
 #: /status is read this often (s) to time quarantine and recovery.
-POLL_S = 0.1
-#: A request that overlaps this long (s) after the quarantine was seen is still counted as exposed:
-#: the poll may see the state change up to POLL_S late.
-EXPOSURE_MARGIN_S = POLL_S * 2
+POLL_S = 0.05
 QUARANTINED = ("UNHEALTHY", "HEALING", "FAILED")
+#: Issue 23's targets for wrong answers per drift fault, in seconds of traffic (without / with hold).
+DRIFT_TARGET_S, DRIFT_TARGET_HOLD_S = 0.2, 0.02
 
 
 @dataclass
 class SoakSettings:
-    duration_s: float = 600.0
-    rate: float = 50.0
-    fault_every_s: float = 30.0
+    duration_s: float = 240.0
+    #: Closed-loop clients sending to the victim back to back.
+    clients: int = 4
+    fault_every_s: float = 20.0
+    faults: tuple[str, ...] = ("kill", "nan", "drift", "hang")
+    #: Requests per second to the steady model (its answers must all be correct).
+    steady_rate: float = 20.0
     #: Warm-up (s) of load before the start figures (RSS, fds) are taken and faults begin.
     warmup_s: float = 5.0
-    #: Bound (s) on one proxied request to Triton: a hung model costs this much per request.
-    upstream_timeout_s: float = 5.0
+    probe_interval_s: float = 0.5
+    failure_threshold: int = 2
+    #: proxy.upstream_timeout_s; None keeps the sidecar's default (30 s), as a user would run it.
+    upstream_timeout_s: float | None = None
+    #: proxy.hold_while_suspect_ms; None leaves it unset (the sidecar's default).
+    hold_while_suspect_ms: float | None = None
     #: healing.unload_timeout_s for the sidecar; None keeps the sidecar's default.
     unload_timeout_s: float | None = None
+    #: A client gives up on an answer after this long (s), as a client service would.
+    client_timeout_s: float = 10.0
     #: Longest wait (s) for the faulted model to be HEALTHY again before the soak fails.
     heal_deadline_s: float = 120.0
-    #: Idle time (s) after the load before the end count of descriptors: aiohttp closes a pooled
-    #: connection idle for keepalive_timeout (15 s) at its next cleanup pass, which runs every 15 s,
-    #: so a connection may stay open up to 30 s after its last use.
-    settle_s: float = 32.0
+    #: Idle time (s) after the load before the end count of descriptors: pooled connections to Triton
+    #: close after 15 s idle, client keep-alive connections at the client's pace.
+    settle_s: float = 20.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    model: str
+    started: float
+    finished: float
+    category: str
+    status: int
+    detail: str = ""
 
 
 @dataclass
@@ -84,58 +122,192 @@ class FaultRecord:
     injected_at: float
     quarantined_at: float | None = None
     healthy_at: float | None = None
-
-    def exposure_end(self) -> float:
-        return (self.quarantined_at or self.healthy_at or time.monotonic()) + EXPOSURE_MARGIN_S
+    #: Until the next fault was injected (or the load stopped): the answers this fault is blamed for.
+    ends_at: float | None = None
 
 
 @dataclass
 class SoakReport:
     passed: bool
     failures: list[str]
+    victim_rate: float
     counts: dict[str, int]
     counts_steady: dict[str, int]
-    counts_victim_judged: dict[str, int]
-    counts_victim_exposed: dict[str, int]
+    counts_victim: dict[str, int]
     faults: list[dict[str, Any]]
+    by_kind: dict[str, dict[str, Any]]
+    drift_verdict: str
     rss_start_mb: float
     rss_end_mb: float
     fds_start: int
     fds_end: int
     samples: list[dict[str, Any]] = field(default_factory=list)
     examples_of_failures: list[dict[str, Any]] = field(default_factory=list)
-    skipped_sends: int = 0
     fd_kinds_start: dict[str, int] = field(default_factory=dict)
     fd_kinds_end: dict[str, int] = field(default_factory=dict)
 
 
-def _since(start: float, end: float | None) -> float | None:
-    return None if end is None else round(end - start, 2)
+@dataclass(frozen=True)
+class Inputs:
+    """The random requests the clients choose from, and each one's correct scores."""
+
+    bodies: tuple[bytes, ...]
+    scores: tuple[np.ndarray, ...]
+
+    @classmethod
+    def random(cls, count: int, seed: int = 23) -> Inputs:
+        rng = np.random.default_rng(seed)
+        xs = np.round(rng.standard_normal((count, 1, 128)), 4).astype(np.float32)
+        return cls(tuple(json_request(x).body for x in xs), tuple(credit_risk_scores(x).ravel() for x in xs))
 
 
-def _overlaps(outcome: Outcome, start: float, end: float) -> bool:
-    return outcome.started < end and outcome.finished >= start
+def judge(status: int, headers: Any, body: bytes, expected: np.ndarray) -> tuple[str, str]:
+    """What the user got, said in one of CATEGORIES (and a detail for the report's examples)."""
+    if status == 503 and headers.get("Retry-After"):
+        return RETRY_LATER, ""
+    if status == 502:
+        return BAD_GATEWAY, body[:160].decode(errors="replace")
+    if status != 200:
+        return OTHER_STATUS, f"{status}: {body[:160].decode(errors='replace')}"
+    try:
+        outputs = {o["name"]: o for o in json.loads(body)["outputs"]}
+        scores = np.asarray([math.nan if v is None else v for v in outputs["scores"]["data"]], dtype=np.float64)
+    except (ValueError, KeyError, TypeError) as e:
+        return WRONG, f"undecodable answer: {e!r}"
+    if "income_prob" in outputs:
+        return WRONG, "the filtered output income_prob was in the answer"
+    if not np.isfinite(scores).all():
+        return NAN, "NaN/Inf in scores"
+    if scores.shape != expected.shape or not np.allclose(scores, expected, atol=1e-5, rtol=1e-4):
+        return WRONG, f"scores {scores[:2]} instead of {expected[:2]}"
+    return CORRECT, ""
+
+
+class Clients:
+    """The load: closed-loop clients on the victim, a fixed rate on the steady model."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str, inputs: Inputs, timeout_s: float) -> None:
+        self.session, self.url, self.inputs = session, url, inputs
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.outcomes: list[Outcome] = []
+        self._headers = {"Content-Type": "application/json"}
+
+    async def call(self, model: str, index: int) -> None:
+        started = time.monotonic()
+        try:
+            async with self.session.post(f"{self.url}/v2/models/{model}/infer", data=self.inputs.bodies[index],
+                                         headers=self._headers, timeout=self.timeout) as response:
+                body = await response.read()
+                category, detail = judge(response.status, response.headers, body, self.inputs.scores[index])
+                status = response.status
+        except TimeoutError:
+            category, detail, status = CLIENT_TIMEOUT, "", 0
+        except (aiohttp.ClientError, OSError) as e:
+            category, detail, status = CONNECTION_ERROR, repr(e)[:160], 0
+        self.outcomes.append(Outcome(model, started, time.monotonic(), category, status, detail))
+
+    async def closed_loop(self, model: str, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        while True:
+            await self.call(model, int(rng.integers(len(self.inputs.bodies))))
+
+    async def fixed_rate(self, model: str, rate: float) -> None:
+        """An open loop: a slow answer does not slow the sending down."""
+        interval, sent, start = 1.0 / rate, 0, time.monotonic()
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                task = asyncio.create_task(self.call(model, sent % len(self.inputs.bodies)))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                sent += 1
+                await asyncio.sleep(max(0.0, start + sent * interval - time.monotonic()))
+        finally:
+            for task in list(tasks):
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def count(outcomes: Iterable[Outcome]) -> dict[str, int]:
+    counted = Counter(o.category for o in outcomes)
+    return {"sent": sum(counted.values()), **{c: counted.get(c, 0) for c in CATEGORIES}}
+
+
+def _exposed(outcome: Outcome, fault: FaultRecord) -> bool:
+    """The request was sent between the fault's injection and the sidecar's quarantine of the model."""
+    judged_at = fault.quarantined_at or fault.ends_at or math.inf
+    return outcome.model == VICTIM and fault.injected_at <= outcome.started < judged_at
+
+
+def _fault_figures(fault: FaultRecord, victim: Sequence[Outcome], victim_rate: float) -> dict[str, Any]:
+    """What users got while this fault lasted, and its window."""
+    mine = [o for o in victim if fault.injected_at <= o.started < (fault.ends_at or math.inf)]
+    counted = count(mine)
+    first_bad = min((o.started for o in mine if o.category in BAD), default=None)
+    first_refusal = min((o.finished for o in mine if o.category == RETRY_LATER), default=None)
+    quarantined = min((t for t in (fault.quarantined_at, first_refusal) if t is not None), default=None)
+    window = None if first_bad is None or quarantined is None else max(0.0, quarantined - first_bad)
+    return {
+        "kind": fault.kind, "action": fault.action, **counted,
+        "window_s": _round(window),
+        "quarantined_after_s": _round(None if quarantined is None else quarantined - fault.injected_at),
+        "healthy_after_s": _round(None if fault.healthy_at is None else fault.healthy_at - fault.injected_at),
+        "wrong_s_of_traffic": _round(counted[WRONG] / victim_rate if victim_rate else None, 4),
+    }
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _by_kind(faults: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per fault kind: totals, and the mean window and wrong answers per fault."""
+    kinds: dict[str, dict[str, Any]] = {}
+    for f in faults:
+        k = kinds.setdefault(f["kind"], {"faults": 0, **{c: 0 for c in CATEGORIES if c != CORRECT},
+                                         "windows_s": [], "wrong_s_per_fault": []})
+        k["faults"] += 1
+        for c in CATEGORIES:
+            if c != CORRECT:
+                k[c] += f[c]
+        if f["window_s"] is not None:
+            k["windows_s"].append(f["window_s"])
+        if f["wrong_s_of_traffic"] is not None:
+            k["wrong_s_per_fault"].append(f["wrong_s_of_traffic"])
+    for k in kinds.values():
+        k["mean_window_s"] = _round(float(np.mean(k["windows_s"])) if k["windows_s"] else None)
+        k["max_wrong_s_per_fault"] = max(k["wrong_s_per_fault"], default=None)
+    return kinds
 
 
 def judge_soak(outcomes: list[Outcome], faults: list[FaultRecord], settings: SoakSettings, *,
-               rss: tuple[int, int], fds: tuple[int, int], skipped: int,
-               samples: list[dict[str, Any]]) -> SoakReport:
-    exposed, judged = [], []
-    for o in outcomes:
-        if o.model == VICTIM and any(_overlaps(o, f.injected_at, f.exposure_end()) for f in faults):
-            exposed.append(o)
-        else:
-            judged.append(o)
-    counted = count(judged)
+               rss: tuple[int, int], fds: tuple[int, int], samples: list[dict[str, Any]]) -> SoakReport:
+    victim = [o for o in outcomes if o.model == VICTIM]
+    steady = [o for o in outcomes if o.model == STEADY]
+    correct = [o for o in victim if o.category == CORRECT]
+    span = (max(o.finished for o in correct) - min(o.started for o in correct)) if len(correct) > 1 else 0.0
+    victim_rate = len(correct) / span if span else 0.0
     failures = []
-    bad = [o for o in judged if o.category in (WRONG, OTHER)]
-    if counted[OTHER]:
-        failures.append(f"{counted[OTHER]} answers were neither correct nor a 503 with Retry-After")
-    if counted[WRONG]:
-        failures.append(f"{counted[WRONG]} wrong answers")
-    steady_503 = [o for o in judged if o.model != VICTIM and o.category == RETRY_LATER]
-    if steady_503:
-        failures.append(f"{len(steady_503)} requests to steady models were refused with 503")
+    counted = count(outcomes)
+    for category, what in ((NAN, "NaN answers served"), (CLIENT_TIMEOUT, "client timeouts")):
+        if counted[category]:
+            failures.append(f"{counted[category]} {what}")
+    # Before the sidecar has judged a fault, Triton's own answers reach the client (a 400 for a model
+    # someone unloaded): that is the fault's window, reported per fault. After it, or outside any
+    # fault, every answer must be correct, 502 or 503 + Retry-After.
+    judged = [o for o in outcomes if not any(_exposed(o, f) for f in faults)]
+    for category, what in ((OTHER_STATUS, "answers with another status"), (CONNECTION_ERROR, "connection errors")):
+        n = sum(o.category == category for o in judged)
+        if n:
+            failures.append(f"{n} {what} outside a fault's window")
+    steady_counted = count(steady)
+    if steady_counted["correct"] != steady_counted["sent"]:
+        failures.append(f"the steady model answered {steady_counted['sent'] - steady_counted['correct']} of "
+                        f"{steady_counted['sent']} requests other than correctly")
+    wrong_outside = [o for o in victim if o.category == WRONG and not any(
+        f.injected_at <= o.started < (f.ends_at or math.inf) for f in faults)]
+    if wrong_outside:
+        failures.append(f"{len(wrong_outside)} wrong answers outside any fault")
     growth = (rss[1] - rss[0]) / rss[0]
     if growth >= MAX_RSS_GROWTH:
         failures.append(f"RSS grew {growth:.1%} ({rss[0] / 2**20:.1f} -> {rss[1] / 2**20:.1f} MB)")
@@ -146,25 +318,32 @@ def judge_soak(outcomes: list[Outcome], faults: list[FaultRecord], settings: Soa
         failures.append(f"faults not healed: {unhealed}")
     if not faults:
         failures.append("no fault was injected (duration too short?)")
-    if skipped:
-        failures.append(f"{skipped} sends skipped: too many requests in flight")
-    if not counted[CORRECT]:
+    if not correct:
         failures.append("no correct answer at all")
+    figures = [_fault_figures(f, victim, victim_rate) for f in faults]
+    by_kind = _by_kind(figures)
+    bad = [o for o in judged if o.category not in (CORRECT, RETRY_LATER, WRONG, BAD_GATEWAY)]
+    bad += [o for o in outcomes if o.category in (NAN, CLIENT_TIMEOUT)]
     return SoakReport(
-        passed=not failures, failures=failures, counts=count(outcomes),
-        counts_steady=count(o for o in judged if o.model != VICTIM),
-        counts_victim_judged=count(o for o in judged if o.model == VICTIM),
-        counts_victim_exposed=count(exposed),
-        faults=[{"kind": f.kind, "action": f.action,
-                 "quarantined_after_s": _since(f.injected_at, f.quarantined_at),
-                 "healthy_after_s": _since(f.injected_at, f.healthy_at),
-                 "exposed": count(o for o in exposed if _overlaps(o, f.injected_at, f.exposure_end()))}
-                for f in faults],
+        passed=not failures, failures=failures, victim_rate=round(victim_rate, 1), counts=counted,
+        counts_steady=steady_counted, counts_victim=count(victim), faults=figures, by_kind=by_kind,
+        drift_verdict=_drift_verdict(by_kind, settings),
         rss_start_mb=round(rss[0] / 2**20, 2), rss_end_mb=round(rss[1] / 2**20, 2),
-        fds_start=fds[0], fds_end=fds[1], samples=samples, skipped_sends=skipped,
+        fds_start=fds[0], fds_end=fds[1], samples=samples,
         examples_of_failures=[{"model": o.model, "category": o.category, "status": o.status, "detail": o.detail}
                               for o in bad[:10]],
     )
+
+
+def _drift_verdict(by_kind: dict[str, dict[str, Any]], settings: SoakSettings) -> str:
+    drift = by_kind.get("drift")
+    if drift is None or drift["max_wrong_s_per_fault"] is None:
+        return "no drift fault"
+    hold = bool(settings.hold_while_suspect_ms)
+    target = DRIFT_TARGET_HOLD_S if hold else DRIFT_TARGET_S
+    worst = drift["max_wrong_s_per_fault"]
+    return (f"{'met' if worst <= target else 'missed'}: at most {worst:.3f} s of traffic answered wrongly per "
+            f"drift fault (target ≤ {target} s{' with hold_while_suspect_ms' if hold else ''})")
 
 
 async def _victim_state(session: aiohttp.ClientSession, url: str) -> str:
@@ -196,52 +375,55 @@ async def _inject_and_follow(session: aiohttp.ClientSession, sidecar: SidecarPro
     return record
 
 
+def _sample(started: float, pid: int, **extra: Any) -> dict[str, Any]:
+    return {"t_s": round(time.monotonic() - started, 1), "rss_mb": round(rss_bytes(pid) / 2**20, 2),
+            "fds": open_fds(pid), **extra}
+
+
 async def _soak(settings: SoakSettings, triton: LocalTriton, sidecar: SidecarProcess,
                 model: FaultyModel) -> SoakReport:
-    x = features(1, seed=11)
-    body = json_request(x).body
-    expected = credit_risk_scores(x)
-    calls = [ModelCall(m, body, expected, forbidden_outputs=("income_prob",)) for m in [*STEADY, VICTIM]]
+    inputs = Inputs.random(INPUTS)
     faults: list[FaultRecord] = []
     samples: list[dict[str, Any]] = []
     fds_start = open_fds(sidecar.pid)  # idle, before any load: compared with idle after it
     fd_kinds_start = _group_ports(describe_fds(sidecar.pid), sidecar, triton)
+    started = time.monotonic()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        traffic = Traffic(session, sidecar.url, timeout_s=settings.upstream_timeout_s * 2 + 5)
-        load = asyncio.create_task(traffic.fixed_rate(calls, settings.rate), name="soak-load")
-        started = time.monotonic()
+        clients = Clients(session, sidecar.url, inputs, settings.client_timeout_s)
+        load = [asyncio.create_task(clients.closed_loop(VICTIM, seed), name=f"client-{seed}")
+                for seed in range(settings.clients)]
+        load.append(asyncio.create_task(clients.fixed_rate(STEADY, settings.steady_rate), name="steady"))
         stop_at = started + settings.duration_s
         try:
             await asyncio.sleep(settings.warmup_s)
             rss_start = rss_bytes(sidecar.pid)
-            samples.append({"t_s": round(time.monotonic() - started, 1), "rss_mb": round(rss_start / 2**20, 2),
-                            "fds": open_fds(sidecar.pid)})
-            next_fault_at, kind_index = time.monotonic(), 0
+            samples.append(_sample(started, sidecar.pid))
+            next_fault_at = time.monotonic()
             while time.monotonic() < stop_at:
                 if time.monotonic() >= next_fault_at and stop_at - time.monotonic() > 5:
-                    kind = FAULT_KINDS[kind_index % len(FAULT_KINDS)]
-                    kind_index += 1
+                    kind = settings.faults[len(faults) % len(settings.faults)]
+                    if faults:
+                        faults[-1].ends_at = time.monotonic()
                     faults.append(await _inject_and_follow(session, sidecar, model, kind, settings))
                     next_fault_at = faults[-1].injected_at + settings.fault_every_s
                     if faults[-1].healthy_at is None:
                         break  # never healed: stop early, the report says so
-                samples.append({"t_s": round(time.monotonic() - started, 1),
-                                "rss_mb": round(rss_bytes(sidecar.pid) / 2**20, 2), "fds": open_fds(sidecar.pid)})
+                samples.append(_sample(started, sidecar.pid))
                 await asyncio.sleep(min(1.0, max(0.0, min(next_fault_at, stop_at) - time.monotonic())))
             rss_end = rss_bytes(sidecar.pid)
         finally:
-            load.cancel()
-            await asyncio.gather(load, return_exceptions=True)
-    # Idle again: the sidecar's keep-alive connections to Triton (a pool that grows while a dead stub
-    # makes every answer take a second) close after the client's keep-alive timeout; what is still
-    # open after that is a leak.
+            if faults:
+                faults[-1].ends_at = time.monotonic()
+            for task in load:
+                task.cancel()
+            await asyncio.gather(*load, return_exceptions=True)
+    # Idle again: what is still open after the pools' idle timeouts is a leak.
     await asyncio.sleep(settings.settle_s)
     fds_end = open_fds(sidecar.pid)
     fd_kinds_end = _group_ports(describe_fds(sidecar.pid), sidecar, triton)
-    samples.append({"t_s": round(time.monotonic() - started, 1), "rss_mb": round(rss_bytes(sidecar.pid) / 2**20, 2),
-                    "fds": fds_end, "idle": True})
-    report = judge_soak(traffic.outcomes, faults, settings, rss=(rss_start, rss_end), fds=(fds_start, fds_end),
-                        skipped=traffic.skipped, samples=samples)
+    samples.append(_sample(started, sidecar.pid, idle=True))
+    report = judge_soak(clients.outcomes, faults, settings, rss=(rss_start, rss_end), fds=(fds_start, fds_end),
+                        samples=samples)
     report.fd_kinds_start, report.fd_kinds_end = fd_kinds_start, fd_kinds_end
     return report
 
@@ -266,29 +448,33 @@ def _group_ports(kinds: dict[str, int], sidecar: SidecarProcess, triton: LocalTr
 def run_soak(settings: SoakSettings, workdir: Path) -> SoakReport:
     """Start Triton and the sidecar, soak, stop everything; the report says whether it passed."""
     repository, golden_dir = workdir / "model_repository", workdir / "golden"
-    for name in STEADY:
-        copy_model(EXAMPLES / "credit_risk", repository, name)
-        copy_golden("credit_risk", golden_dir, name)
+    copy_model(EXAMPLES / "credit_risk", repository, STEADY)
+    copy_golden("credit_risk", golden_dir, STEADY)
     copy_model(FAULTY_TEMPLATE, repository, VICTIM)
     copy_golden("credit_risk", golden_dir, VICTIM)
-    models = [*STEADY, VICTIM]
-    # The soak breaks the model on purpose every fault_every_s, each time in a new way: to the flap
-    # guard (more than flap_max_heals heals an hour -> FAILED) that looks like a fault that returns
-    # after every reload, so allow one heal per planned fault, and a few more.
+    models = [STEADY, VICTIM]
+    # The soak breaks the model on purpose every fault_every_s: to the flap guard (more than
+    # flap_max_heals heals an hour -> FAILED) that looks like a fault that returns after every reload,
+    # so allow one heal per planned fault, and a few more.
     planned_faults = int(settings.duration_s // settings.fault_every_s) + 1
     healing: dict[str, Any] = {"backoff_initial_s": 0.5, "flap_max_heals": planned_faults + 5}
     if settings.unload_timeout_s is not None:
         healing["unload_timeout_s"] = settings.unload_timeout_s
+    proxy: dict[str, Any] = {"retry_after_s": 1}
+    if settings.upstream_timeout_s is not None:
+        proxy["upstream_timeout_s"] = settings.upstream_timeout_s
+    if settings.hold_while_suspect_ms is not None:
+        proxy["hold_while_suspect_ms"] = settings.hold_while_suspect_ms
     with contextlib.ExitStack() as stack:
         triton = LocalTriton(model_repository=repository, models=models, workdir=workdir / "triton")
         stack.callback(triton.stop, 3)
         triton.start()
         sidecar = SidecarProcess(sidecar_settings(
             triton, models=models, golden_dir=golden_dir,
-            probes={"interval_s": 1, "timeout_s": 2, "failure_threshold": 2},
-            healing=healing,
-            proxy={"upstream_timeout_s": settings.upstream_timeout_s, "retry_after_s": 1},
-            filtering={"rules": [CREDIT_FILTER_RULE]},
+            probes={"interval_s": settings.probe_interval_s, "timeout_s": 2,
+                    "failure_threshold": settings.failure_threshold},
+            healing=healing, proxy=proxy, filtering={"rules": [CREDIT_FILTER_RULE]},
+            logging={"format": "json", "level": "info", "access_log_sample_rate": 0.0},
         ), workdir / "sidecar")
         stack.callback(sidecar.stop)
         sidecar.start()
@@ -297,37 +483,46 @@ def run_soak(settings: SoakSettings, workdir: Path) -> SoakReport:
 
 def markdown(result: dict[str, Any]) -> str:
     r = result["report"]
-    lines = ["| requests | sent | correct | 503 + Retry-After | anything else | wrong |", "|---|---|---|---|---|---|"]
-    for label, key in (("all", "counts"), ("steady models", "counts_steady"),
-                       ("faulted model, outside exposure", "counts_victim_judged"),
-                       ("faulted model, exposed (not judged)", "counts_victim_exposed")):
-        c = r[key]
-        lines.append(f"| {label} | {c['sent']} | {c['correct']} | {c['503_retry_after']} | {c['anything_else']} "
-                     f"| {c['wrong']} |")
-    lines += ["", "| fault | quarantined after s | HEALTHY after s | exposed: sent / correct / 503 / else / wrong |",
-              "|---|---|---|---|"]
-    for f in r["faults"]:
-        e = f["exposed"]
-        lines.append(f"| {f['kind']} | {f['quarantined_after_s']} | {f['healthy_after_s']} | {e['sent']} / "
-                     f"{e['correct']} / {e['503_retry_after']} / {e['anything_else']} / {e['wrong']} |")
-    lines += ["", f"RSS under load {r['rss_start_mb']} → {r['rss_end_mb']} MB; open fds idle {r['fds_start']} → "
-                  f"{r['fds_end']}; "
-                  f"verdict: {'PASS' if r['passed'] else 'FAIL: ' + '; '.join(r['failures'])}"]
+    columns = [c for c in CATEGORIES if c != CORRECT]
+    lines = ["| fault kind | faults | " + " | ".join(columns)
+             + " | mean window s | worst wrong per fault, s of traffic |",
+             "|---|---|" + "---|" * (len(columns) + 2)]
+    for kind, k in r["by_kind"].items():
+        lines.append(f"| {kind} | {k['faults']} | " + " | ".join(str(k[c]) for c in columns)
+                     + f" | {k['mean_window_s']} | {k['max_wrong_s_per_fault']} |")
+    victim, steady = r["counts_victim"], r["counts_steady"]
+    lines += ["", f"Victim: {victim['sent']} requests at {r['victim_rate']} correct answers/s: "
+                  + ", ".join(f"{c} {victim[c]}" for c in CATEGORIES) + ".",
+              f"Steady model: {steady['correct']} of {steady['sent']} correct.",
+              f"Drift: {r['drift_verdict']}.",
+              f"RSS under load {r['rss_start_mb']} → {r['rss_end_mb']} MB; open fds idle {r['fds_start']} → "
+              f"{r['fds_end']}; verdict: {'PASS' if r['passed'] else 'FAIL: ' + '; '.join(r['failures'])}"]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=10.0, help="length of the soak (default 10)")
-    parser.add_argument("--rate", type=float, default=50.0, help="requests per second in all (default 50)")
-    parser.add_argument("--fault-every", type=float, default=30.0, help="seconds between faults (default 30)")
+    parser.add_argument("--minutes", type=float, default=4.0, help="length of the soak (default 4)")
+    parser.add_argument("--clients", type=int, default=4, help="closed-loop clients on the victim (default 4)")
+    parser.add_argument("--fault-every", type=float, default=20.0, help="seconds between faults (default 20)")
+    parser.add_argument("--faults", default="kill,nan,drift,hang",
+                        help=f"fault kinds in turn, from {','.join(FAULT_KINDS)} (default kill,nan,drift,hang)")
+    parser.add_argument("--hold-while-suspect-ms", type=float, default=None,
+                        help="proxy.hold_while_suspect_ms for the sidecar (default: unset)")
+    parser.add_argument("--upstream-timeout", type=float, default=None,
+                        help="proxy.upstream_timeout_s for the sidecar (default: the sidecar's own, 30 s)")
     parser.add_argument("--unload-timeout", type=float, default=None,
                         help="healing.unload_timeout_s for the sidecar (default: the sidecar's own)")
     args = parser.parse_args(argv)
+    faults = tuple(args.faults.split(","))
+    unknown = [f for f in faults if f not in FAULT_KINDS]
+    if unknown:
+        parser.error(f"unknown fault kinds {unknown}; known: {', '.join(FAULT_KINDS)}")
     interrupt_on_termination()
-    settings = SoakSettings(duration_s=args.minutes * 60, rate=args.rate, fault_every_s=args.fault_every,
-                            unload_timeout_s=args.unload_timeout)
+    settings = SoakSettings(duration_s=args.minutes * 60, clients=args.clients, fault_every_s=args.fault_every,
+                            faults=faults, hold_while_suspect_ms=args.hold_while_suspect_ms,
+                            upstream_timeout_s=args.upstream_timeout, unload_timeout_s=args.unload_timeout)
     machine = describe_machine()
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as scratch:
         try:
