@@ -95,6 +95,17 @@ def test_every_relative_link_in_the_readme_and_docs_leads_to_a_file_and_heading_
     assert not broken, f"broken links: {broken}"
 
 
+_REPO_PATH = re.compile(r"`((?:sidecar|tests|bench|k8s|examples|golden_requests|docs)/[^`\s<>*{}]*)`")
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """`sidecar/serving/core.py` in prose is a reference too: after a module moves, the docs must follow."""
+    gone = {str(d.relative_to(REPO)): missing for d in DOCUMENTS
+            if (missing := sorted({p for p in _REPO_PATH.findall(_FENCED.sub("", d.read_text()))
+                                   if not (REPO / p).exists()}))}
+    assert not gone, f"the docs name paths that do not exist: {gone}"
+
+
 def test_the_link_check_finds_a_missing_file_and_a_missing_heading(tmp_path):
     (tmp_path / "other.md").write_text("# Other page\n\n## Roll out\n")
     page = tmp_path / "page.md"
