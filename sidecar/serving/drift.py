@@ -294,6 +294,9 @@ class TensorWindow:
 
     def add(self, values: np.ndarray) -> None:
         """Count `values`, shaped (rows, features), and forget the rows that fall out of the window."""
+        if len(values) == 1:
+            self._add_row(values[0])
+            return
         for row in values[-self.window:]:
             self._add_row(row)
 
@@ -354,7 +357,10 @@ class ModelWindow:
     reference: Reference
     inputs: dict[str, TensorWindow]
     outputs: dict[str, TensorWindow]
-    rows: int = 0
+
+    @property
+    def rows(self) -> int:
+        return max((tw.rows for _, tw in self.tensors()), default=0)
 
     def tensors(self) -> Iterator[tuple[str, TensorWindow]]:
         yield from self.inputs.items()
@@ -426,7 +432,6 @@ class DriftMonitor:
                 rows = _rows(datatype, values, tw.reference.features)
                 if rows is not None:
                     tw.add(rows)
-        window.rows = max((tw.rows for _, tw in window.tensors()), default=0)
 
     def _window(self, model: str, version: str) -> ModelWindow | None:
         window = self._windows.get((model, version))
