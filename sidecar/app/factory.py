@@ -18,6 +18,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from sidecar.app.drift_references import ReferenceWatch, load_references
+from sidecar.app.drift_routes import record_reference
 from sidecar.app.kubelet import healthz, metrics_endpoint, readyz, status
 from sidecar.config import SidecarConfig
 from sidecar.fronts.appkeys import (
@@ -122,6 +123,7 @@ def create_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)
     app.router.add_get("/metrics", metrics_endpoint)
+    app.router.add_post("/drift/{model}/record", record_reference)
     add_http_routes(app)
     add_generate_routes(app)
     return app
