@@ -205,6 +205,29 @@ class MetricsSection:
 
 
 @dataclass(frozen=True)
+class DriftSection:
+    """Live data and prediction drift against recorded references (sidecar.serving.drift, docs/drift.md)."""
+
+    #: Directory of reference files (`<model>.json`, or `<model>@<version>.json` for one version),
+    #: written by `triton-sidecar record-reference` and re-read on change like golden files.
+    reference_dir: Path = Path("drift_reference")
+    #: Share of a measured model's answered requests that are binned (0..1). At 1.0 the cost is about
+    #: 10 us of CPU per 1x128 request (bench/drift_cost.py); lower it only for very hot models.
+    sample_rate: float = 1.0
+    #: Rows (one per request for unbatched traffic) in each model version's sliding window. 1,000 keeps
+    #: the PSI noise floor of 10 bins near 0.01 per feature and under 0.05 as a max over 128 features,
+    #: far below the 0.1 convention, while a real shift shows within one window (docs/drift.md).
+    window: int = 1000
+    #: Per-feature PSI series kept per tensor (the most drifted ones): bounds Prometheus cardinality.
+    max_features: int = 10
+    #: Values that mean "missing" per model and input, e.g. {credit_risk: {features: [0, -1]}}.
+    missing_sentinels: Mapping[str, Mapping[str, tuple[float, ...]]] = field(default_factory=dict)
+    #: Max PSI above which /status shows the model's drift as degraded (never its state: it is still
+    #: served, and no reload can fix a changed world); None = only metrics.
+    degrade_above_psi: float | None = None
+
+
+@dataclass(frozen=True)
 class LoggingSection:
     #: json for machines (one object per line), console for people at a terminal.
     format: str = "json"
@@ -230,6 +253,7 @@ class SidecarConfig:
     proxy: ProxySection = field(default_factory=ProxySection)
     generation: GenerationSection = field(default_factory=GenerationSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
+    drift: DriftSection = field(default_factory=DriftSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     #: Where the configuration came from, for messages ("defaults" when no file was given).
     source: str = "defaults"
@@ -350,6 +374,15 @@ CONFIG_SCHEMA: dict[str, Any] = {
             parameters={"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True},
         ),
         "metrics": _section(include_triton=_BOOL, triton_timeout_s=_POSITIVE),
+        "drift": _section(
+            reference_dir={"type": "string", "minLength": 1},
+            sample_rate=_num(minimum=0, maximum=1),
+            window=_int(10),
+            max_features=_int(1),
+            missing_sentinels={"type": "object", "additionalProperties": {
+                "type": "object", "additionalProperties": {"type": "array", "items": {"type": "number"}}}},
+            degrade_above_psi={"type": ["number", "null"], "exclusiveMinimum": 0},
+        ),
         "logging": _section(
             format={"enum": ["json", "console"]},
             level={"enum": ["debug", "info", "warning", "error"]},
@@ -476,6 +509,16 @@ def _generation(raw: Mapping[str, Any]) -> GenerationSection:
     return GenerationSection(**values)
 
 
+def _drift(raw: Mapping[str, Any]) -> DriftSection:
+    values = dict(raw)
+    if "reference_dir" in values:
+        values["reference_dir"] = Path(values["reference_dir"])
+    values["missing_sentinels"] = {model: {name: tuple(float(v) for v in sentinels)
+                                           for name, sentinels in inputs.items()}
+                                   for model, inputs in values.get("missing_sentinels", {}).items()}
+    return DriftSection(**values)
+
+
 def _build(raw: dict[str, Any], source: str) -> SidecarConfig:
     filtering = raw.get("filtering", {})
     rules = tuple(
@@ -498,6 +541,7 @@ def _build(raw: dict[str, Any], source: str) -> SidecarConfig:
         proxy=ProxySection(**raw.get("proxy", {})),
         generation=_generation(raw.get("generation", {})),
         metrics=MetricsSection(**raw.get("metrics", {})),
+        drift=_drift(raw.get("drift", {})),
         logging=LoggingSection(**raw.get("logging", {})),
         source=source,
     )

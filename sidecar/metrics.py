@@ -86,9 +86,10 @@ class SidecarMetrics:
                                ["model"], registry=registry)
 
         # Reloads and discovery
-        self.reload_failures = Counter(f"{PREFIX}_reload_failures", "Reloads refused (what: golden, config); the "
-                                       "last good cases and settings stay in force.", ["what"], registry=registry)
-        for what in ("golden", "config"):
+        self.reload_failures = Counter(f"{PREFIX}_reload_failures", "Reloads refused (what: golden, config, "
+                                       "drift_reference); the last good cases, settings and references stay in "
+                                       "force.", ["what"], registry=registry)
+        for what in ("golden", "config", "drift_reference"):
             self.reload_failures.labels(what=what)
         self.model_without_golden = Gauge(f"{PREFIX}_model_without_golden", "1 for a guarded model that has no "
                                           "golden files (probed by readiness and metadata only).", ["model"],

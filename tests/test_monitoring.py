@@ -45,6 +45,9 @@ SIDECAR_METRICS = frozenset({
     "triton_sidecar_triton_up",
     "triton_sidecar_triton_ready",
     "triton_sidecar_build_info",
+    "triton_sidecar_drift_psi",
+    "triton_sidecar_drift_max_psi",
+    "triton_sidecar_feature_missing_ratio",
 })
 SIDECAR_HISTOGRAMS = frozenset({
     "triton_sidecar_probe_duration_seconds",
@@ -54,6 +57,7 @@ SIDECAR_HISTOGRAMS = frozenset({
     "triton_sidecar_stream_first_event_seconds",
     "triton_sidecar_stream_inter_event_seconds",
     "triton_sidecar_stream_events",
+    "triton_sidecar_output_value",
 })
 #: Triton's own, passed through on the same scrape when metrics.include_triton is on.
 TRITON_METRICS = frozenset({

@@ -17,6 +17,8 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from sidecar.app.drift_references import ReferenceWatch, load_references
+from sidecar.app.drift_routes import record_reference
 from sidecar.app.kubelet import healthz, metrics_endpoint, readyz, status
 from sidecar.config import SidecarConfig
 from sidecar.fronts.appkeys import (
@@ -48,6 +50,7 @@ from sidecar.health.triton_client import TritonClient
 from sidecar.health.triton_watch import TritonWatch
 from sidecar.metrics import SidecarMetrics
 from sidecar.serving.core import ServingCore
+from sidecar.serving.drift import DriftMonitor
 from sidecar.serving.lifecycle import Lifecycle
 from sidecar.serving.request_rules import load_schemas
 from sidecar.states import ModelStates, Transition
@@ -72,6 +75,7 @@ def create_app(
     (None: nothing to re-read; the golden directory is watched all the same)."""
     # Files first: a bad one stops the start (ConfigError) before any connection to Triton is opened.
     rules = load_schemas(config.validation)
+    references = load_references(config.drift)
     app = web.Application(middlewares=[_count_in_flight])
     app[CONFIG] = config
     metrics = SidecarMetrics(registry or CollectorRegistry())
@@ -98,10 +102,15 @@ def create_app(
                          on_stub_dead=lambda model: app[HEALER].note_stub_dead(model))
     app[HEALER] = Healer(triton=triton, states=states, settings=config.healing, metrics=metrics,
                          verify=app[PROBER].verify_round, unanswered_for=app[PROBER].unanswered_for)
+    drift = DriftMonitor(config.drift, references, count_nan=not config.validation.reject_non_finite)
+    metrics.registry.register(drift.collector())
+    app.cleanup_ctx.append(_reload_references(ReferenceWatch(drift, settings=lambda: app[LIVE].config.drift,
+                                                              metrics=metrics)))
     app[SERVING] = ServingCore(
         config, states=states, metrics=metrics, fetch_document=document_fetcher(app),
         cases_for=app[PROBER].cases_for, note_stub_dead=app[HEALER].note_stub_dead,
-        probe_soon=app[PROBER].probe_soon, mark_unreachable=app[WATCH].mark_unreachable, rules=rules)
+        probe_soon=app[PROBER].probe_soon, mark_unreachable=app[WATCH].mark_unreachable, rules=rules,
+        drift=drift)
     app[ROSTER] = Roster(triton=triton, states=states, prober=app[PROBER], healer=app[HEALER], metrics=metrics,
                          config=lambda: app[LIVE].config, cases_for=store.cases_for,
                          forget=app[SERVING].forget_model)
@@ -114,6 +123,7 @@ def create_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)
     app.router.add_get("/metrics", metrics_endpoint)
+    app.router.add_post("/drift/{model}/record", record_reference)
     add_http_routes(app)
     add_generate_routes(app)
     return app
@@ -197,6 +207,18 @@ async def _monitors(app: web.Application) -> AsyncIterator[None]:
     await asyncio.gather(*tasks, return_exceptions=True)
     await app[ROSTER].close()
     await app[PROBER].close()  # golden requests still open for a late answer
+
+
+def _reload_references(watch: ReferenceWatch) -> Callable[[web.Application], AsyncIterator[None]]:
+    """The drift reference files' reload loop, started with the app and cancelled at exit."""
+    async def run(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(watch.run(), name="reload-drift-references")
+        task.add_done_callback(_log_crash)
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    return run
 
 
 def _log_crash(task: asyncio.Task[Any]) -> None:

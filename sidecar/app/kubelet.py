@@ -17,6 +17,7 @@ from sidecar.fronts.appkeys import (
     LIVE,
     METRICS,
     PROBER,
+    SERVING,
     STATES,
     UPSTREAM,
     WATCH,
@@ -86,6 +87,7 @@ async def status(request: web.Request) -> web.Response:
     app = request.app
     clock_now = time.monotonic()
     prober, healer, watch, live = app[PROBER], app[HEALER], app[WATCH], app[LIVE]
+    drift = app[SERVING].drift
     models = {}
     for health in app[STATES]:
         record = prober.records.get(health.model)
@@ -110,6 +112,8 @@ async def status(request: web.Request) -> web.Response:
             "last_heal_duration_s": round(healer.last_heal_s[health.model], 3)
             if health.model in healer.last_heal_s else None,
             "healing": healer.is_healing(health.model),
+            # Advisory, under its own key: drift never changes the model's state or its serving.
+            "drift": drift.status(health.model),
         }
     body = {
         "live": not liveness_problems(app),

@@ -1,4 +1,4 @@
-"""Command line: `triton-sidecar run | demo | check | record | validate`.
+"""Command line: `triton-sidecar run | demo | check | record | record-reference | validate`.
 
 Exit codes: 0 fine, 1 a check found a broken model, 2 bad usage, config or golden files (one line on
 stderr naming the file and key).
@@ -18,6 +18,7 @@ from sidecar.cli.arguments import EXIT_OK, EXIT_USAGE, UsageError
 from sidecar.cli.check import add_check_parser
 from sidecar.cli.demo import cmd_demo
 from sidecar.cli.record import add_record_parser
+from sidecar.cli.record_reference import add_record_reference_parser
 from sidecar.cli.run import cmd_run
 from sidecar.cli.validate import add_validate_parser
 from sidecar.config import ConfigError
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_check_parser(commands)
     add_record_parser(commands)
+    add_record_reference_parser(commands)
     add_validate_parser(commands)
     return parser
 

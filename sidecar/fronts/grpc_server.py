@@ -31,12 +31,13 @@ from tritonclient.grpc import service_pb2 as pb
 from sidecar.fronts.appkeys import CONFIG, LIFECYCLE, SERVING, STATES, WATCH
 from sidecar.fronts.http_routes import exposed_extensions, server_problems
 from sidecar.messages import cut
+from sidecar.protocol.answers import BINARY_DTYPES, AnswerTensor
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
 from sidecar.serving.core import OutputPolicy, Screened, ServingCore
 from sidecar.serving.filtering import hide_in_config, hide_in_metadata
 from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
 from sidecar.serving.telemetry import GRPC, RequestContext
-from sidecar.serving.validation import ModelSpec, validate_decoded_request
+from sidecar.serving.validation import CheckedRequest, ModelSpec, validate_decoded_request
 
 log = structlog.get_logger("sidecar.proxy")
 
@@ -161,6 +162,22 @@ def screen_infer_response(answer: GrpcAnswer, policy: OutputPolicy) -> Screened[
     return Screened(GrpcAnswer(payload), dropped=dropped, non_finite=non_finite)
 
 
+def decode_infer_outputs(response: pb.ModelInferResponse) -> tuple[str, list[AnswerTensor]]:
+    """(model_version, numeric outputs) of a ModelInferResponse, raw or typed contents, for measuring."""
+    raw = response.raw_output_contents
+    tensors: list[AnswerTensor] = []
+    for i, output in enumerate(response.outputs):
+        if output.datatype not in BINARY_DTYPES:
+            continue
+        shape = tuple(output.shape)
+        if i < len(raw):
+            tensors.append((output.name, output.datatype, shape, raw[i]))
+        elif output.datatype in _CONTENTS:
+            values = np.asarray(getattr(output.contents, _CONTENTS[output.datatype]), dtype=np.float64)
+            tensors.append((output.name, output.datatype, shape, values))
+    return response.model_version, tensors
+
+
 def _finite(output: Any, raw: Any, index: int) -> bool:
     if index < len(raw):
         values = np.frombuffer(raw[index], dtype=_FLOAT_DTYPES[output.datatype])
@@ -192,9 +209,9 @@ class GrpcInferExchange:
         self.front, self.payload, self.request = front, payload, request
         self.metadata, self.timeout_s = metadata, timeout_s
 
-    def validate(self, spec: ModelSpec) -> None:
+    def validate(self, spec: ModelSpec) -> CheckedRequest:
         doc, binary = decode_infer_request(self.request)
-        validate_decoded_request(spec, doc, binary)
+        return validate_decoded_request(spec, doc, binary)
 
     async def send(self) -> GrpcAnswer:
         try:
@@ -209,6 +226,12 @@ class GrpcInferExchange:
     def screen(answer: GrpcAnswer, policy: OutputPolicy) -> Screened[GrpcAnswer]:
         """Also used alone (on the class) for the responses that arrive on a stream."""
         return screen_infer_response(answer, policy)
+
+    @staticmethod
+    def answer_tensors(answer: GrpcAnswer) -> tuple[str, list[AnswerTensor]] | None:
+        if answer.error is not None:
+            return None
+        return decode_infer_outputs(pb.ModelInferResponse.FromString(answer.payload))
 
 
 class _PassedOn(Exception):

@@ -16,7 +16,7 @@ its golden requests pass.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -29,6 +29,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from sidecar.fronts.appkeys import LIFECYCLE, SERVING, STATES, UPSTREAM, UPSTREAM_POOL, WATCH
 from sidecar.fronts.upstream_pool import UpstreamDropped, UpstreamError, UpstreamPool, UpstreamUnreachable
 from sidecar.messages import cut
+from sidecar.protocol.answers import AnswerTensor, answer_tensors
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
 from sidecar.serving.admission import UNKNOWN_LABEL
 from sidecar.serving.core import OutputPolicy, Screened, ServingCore
@@ -36,7 +37,7 @@ from sidecar.serving.filtering import hide_in_config, hide_in_metadata, screen_i
 from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
 from sidecar.serving.specs import FetchDocument, triton_error_message
 from sidecar.serving.telemetry import HTTP, RequestContext
-from sidecar.serving.validation import ModelSpec, validate_infer_request
+from sidecar.serving.validation import CheckedRequest, ModelSpec, validate_infer_request
 
 log = structlog.get_logger("sidecar.proxy")
 
@@ -349,8 +350,8 @@ class HttpInferExchange:
         headers.update(forwarded)
         self.headers = headers
 
-    def validate(self, spec: ModelSpec) -> None:
-        validate_infer_request(spec, self.body, self.header_length)
+    def validate(self, spec: ModelSpec) -> CheckedRequest:
+        return validate_infer_request(spec, self.body, self.header_length)
 
     async def send(self) -> HttpAnswer:
         """Runs in the request's own task: the server cancels it when its client disconnects
@@ -385,6 +386,13 @@ class HttpInferExchange:
         if screened.header_length is not None:
             kept["Inference-Header-Content-Length"] = str(screened.header_length)
         return Screened((200, kept, screened.body), dropped=screened.dropped, non_finite=screened.non_finite)
+
+    @staticmethod
+    def answer_tensors(answer: HttpAnswer) -> tuple[str, Sequence[AnswerTensor]] | None:
+        status, headers, body = answer
+        if status != 200:
+            return None
+        return answer_tensors(body, _int_or_none(headers.get("Inference-Header-Content-Length")))
 
 
 def check_body_headers(content_type: str, content_encoding: str, model: str) -> str:

@@ -12,22 +12,28 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+import structlog
+
 from sidecar.config import SidecarConfig
 from sidecar.golden.cases import GoldenCase
 from sidecar.messages import cut
 from sidecar.metrics import SidecarMetrics
 from sidecar.serving.admission import Admission
 from sidecar.serving.breaker import Breaker
+from sidecar.serving.drift import DriftMonitor, Tensor
 from sidecar.serving.filtering import IsHidden, OutputFilter, ResponseFormatError
 from sidecar.serving.passive_signals import PassiveSignals
 from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
 from sidecar.serving.request_rules import RequestRules, load_schemas
 from sidecar.serving.specs import FetchDocument, SpecCache
 from sidecar.serving.telemetry import RequestContext, RequestTelemetry
-from sidecar.serving.validation import Limits, ModelSpec
+from sidecar.serving.validation import CheckedRequest, Limits, ModelSpec
 from sidecar.states import ModelStates
 
 AnswerT = TypeVar("AnswerT")
+
+
+log = structlog.get_logger("sidecar.serving")
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,7 @@ class Screened(Generic[AnswerT]):
 class Exchange(Protocol[AnswerT]):
     """One inference on one wire: the front's decoding, upstream call and encoding."""
 
-    def validate(self, spec: ModelSpec) -> None:
+    def validate(self, spec: ModelSpec) -> CheckedRequest:
         """Raise InvalidRequest (a Refusal) when the request is not one the model accepts."""
 
     async def send(self) -> AnswerT:
@@ -62,6 +68,10 @@ class Exchange(Protocol[AnswerT]):
 
     def screen(self, answer: AnswerT, policy: OutputPolicy) -> Screened[AnswerT]:
         """Remove hidden outputs and find non-finite ones; raise ResponseFormatError if not v2."""
+
+    def answer_tensors(self, answer: AnswerT) -> tuple[str, Sequence[Tensor]] | None:
+        """(version that answered, numeric outputs) of a screened successful answer, for the drift
+        monitor; None for an answer that is not a success. Called only for measured requests."""
 
 
 class ServingCore:
@@ -72,7 +82,7 @@ class ServingCore:
                  fetch_document: FetchDocument, cases_for: Callable[[str], Sequence[GoldenCase]],
                  note_stub_dead: Callable[[str], None], probe_soon: Callable[[str], None],
                  mark_unreachable: Callable[[str], None],
-                 rules: Mapping[str, RequestRules] | None = None) -> None:
+                 rules: Mapping[str, RequestRules] | None = None, drift: DriftMonitor | None = None) -> None:
         self.config = config
         self.settings = config.proxy
         self.filter = OutputFilter(config.filtering.rules)
@@ -86,6 +96,9 @@ class ServingCore:
                                       note_stub_dead=note_stub_dead, probe_soon=probe_soon)
         self.telemetry = RequestTelemetry(metrics=metrics,
                                           access_log_sample_rate=config.logging.access_log_sample_rate)
+        #: Models without a reference cost one set lookup per request (`DriftMonitor.wants`).
+        self.drift = drift if drift is not None else DriftMonitor(
+            config.drift, {}, count_nan=not config.validation.reject_non_finite)
         self._cases_for = cases_for
         self._mark_unreachable = mark_unreachable
         self._breakers: dict[str, Breaker] = {}
@@ -100,9 +113,9 @@ class ServingCore:
         self.admission.check_version(model, version)
 
     async def infer(self, model: str, version: str, exchange: Exchange[AnswerT]) -> AnswerT:
-        """admit (quarantine, hold) -> spec -> validate -> breaker -> Triton -> screen -> signals."""
+        """admit (quarantine, hold) -> spec -> validate -> breaker -> Triton -> screen -> signals -> drift."""
         spec = await self.admitted_spec(model, version)
-        exchange.validate(spec)
+        checked = exchange.validate(spec)
         in_flight = self.telemetry.in_flight(model)
         async with self.breaker(model).slot(model, self.settings.upstream_timeout_s):
             in_flight.inc()
@@ -112,7 +125,10 @@ class ServingCore:
                 raise self.upstream_refusal(model, e) from e
             finally:
                 in_flight.dec()
-        return self.screen(model, answer, exchange)
+        screened = self.screen(model, answer, exchange)
+        if self.drift.wants(model):
+            self.measure_drift(model, spec, checked, screened, exchange)
+        return screened
 
     async def admitted_spec(self, model: str, version: str) -> ModelSpec:
         """Wait for admission, then the model's spec (streams call this for every request)."""
@@ -146,6 +162,20 @@ class ServingCore:
                                                     "answer was withheld and the model is being re-checked",
                           model=model, before_triton=False, outputs=list(outputs))
 
+    def measure_drift(self, model: str, spec: ModelSpec, checked: CheckedRequest, answer: AnswerT,
+                      exchange: Exchange[AnswerT]) -> None:
+        """Count a sampled answered request in the model's drift window. Measuring never fails a
+        request: an unexpected error is logged (no tensor data) and the answer goes out."""
+        try:
+            decoded = exchange.answer_tensors(answer)
+            if decoded is None:
+                return
+            answered_version, outputs = decoded
+            self.drift.observe(model, answered_version or spec.version, checked.inputs, outputs,
+                               batched=spec.max_batch_size > 0)
+        except Exception as e:
+            log.warning("drift_measure_failed", model=model, cause=repr(e)[:200])
+
     # -- pieces ---------------------------------------------------------------------------------------------
 
     def breaker(self, model: str) -> Breaker:
@@ -172,6 +202,7 @@ class ServingCore:
         self.filter = output_filter
         self.specs.reconfigure(limits=Limits.from_settings(config.validation), output_filter=output_filter,
                                rules=rules)
+        self.drift.reconfigure(config.drift, count_nan=not config.validation.reject_non_finite)
         self._policies.clear()
 
     def forget_model(self, model: str) -> None:

@@ -266,6 +266,10 @@ class CheckedRequest:
     #: Outputs asked for by name; empty = all (minus hidden ones, removed from the answer).
     requested_outputs: tuple[str, ...]
     binary: bool
+    #: The inputs as validated, (name, datatype, shape, values): values are the numpy array JSON data
+    #: became, or the binary chunk (a view into the body, not a copy). Kept for the drift monitor, which
+    #: reads them only for models it measures; holding them costs nothing else.
+    inputs: tuple[tuple[str, str, tuple[int, ...], Any], ...] = ()
 
 
 def validate_infer_request(spec: ModelSpec, body: bytes, header_length: int | None = None) -> CheckedRequest:
@@ -319,6 +323,7 @@ def _check_document(spec: ModelSpec, doc: Any, json_part: memoryview, binary: me
     offset = 0
     json_values: list[tuple[InputSpec, Any]] = []
     binary_values: list[tuple[InputSpec, memoryview]] = []
+    decoded: list[tuple[str, str, tuple[int, ...], Any]] = []
     for i, tensor in enumerate(inputs):
         tspec, shape = _check_tensor_header(spec, tensor, i, seen, bools)
         count = math.prod(shape)
@@ -346,9 +351,12 @@ def _check_document(spec: ModelSpec, doc: Any, json_part: memoryview, binary: me
             offset += size
             _check_binary_size(spec, tspec, shape, count, chunk)
             binary_values.append((tspec, chunk))
+            decoded.append((tspec.name, tspec.datatype, shape, chunk))
         elif "data" in tensor:
             json_values.append((tspec, tensor["data"]))
-            _check_json_data(spec, tspec, shape, count, tensor["data"], bools)
+            values = _check_json_data(spec, tspec, shape, count, tensor["data"], bools)
+            if values is not None:
+                decoded.append((tspec.name, tspec.datatype, shape, values))
         else:
             raise spec.refuse(SCHEMA, f"input {tspec.name!r} has neither 'data' nor binary_data_size",
                               tspec.name)
@@ -364,7 +372,8 @@ def _check_document(spec: ModelSpec, doc: Any, json_part: memoryview, binary: me
         _check_binary_values(spec, tspec, chunk)
     if spec.rules is not None:
         _check_rules(spec, spec.rules, doc, json_values, binary_values)
-    return CheckedRequest(elements=elements, requested_outputs=requested, binary=bool(len(binary)))
+    return CheckedRequest(elements=elements, requested_outputs=requested, binary=bool(len(binary)),
+                          inputs=tuple(decoded))
 
 
 class _BoolCount:
@@ -490,13 +499,14 @@ def _undeclared_input(spec: ModelSpec, tensor: Mapping[str, Any], name: str) -> 
 
 
 def _check_json_data(spec: ModelSpec, tspec: InputSpec, shape: tuple[int, ...], count: int, data: Any,
-                     bools: _BoolCount) -> None:
+                     bools: _BoolCount) -> np.ndarray | None:
+    """The numeric values as one array (None for BYTES and BOOL), or InvalidRequest."""
     name, datatype = tspec.name, tspec.datatype
     if not isinstance(data, list):
         raise spec.refuse(SCHEMA, f"input {name!r}: 'data' must be a list", name)
     if datatype == "BYTES":
         _check_json_bytes(spec, tspec, count, data)
-        return
+        return None
     if datatype == "BF16":
         raise spec.refuse(DATATYPE, f"input {name!r}: BF16 tensors can only be sent as binary data", name)
     try:
@@ -514,12 +524,12 @@ def _check_json_data(spec: ModelSpec, tspec: InputSpec, shape: tuple[int, ...], 
         trues = int(np.count_nonzero(values))
         bools.true += trues
         bools.false += values.size - trues
-        return
+        return None
     if kind not in "iuf" or (datatype in _INT_DATATYPES and kind == "f"):
         want = "integers" if datatype in _INT_DATATYPES else "numbers"
         raise spec.refuse(DATATYPE, f"input {name!r}: {datatype} data must be {want}", name)
     if not values.size:
-        return
+        return values
     if datatype in _INT_DATATYPES:
         low, high = _INT_RANGE[datatype]
         vmin, vmax = int(values.min()), int(values.max())
@@ -527,11 +537,11 @@ def _check_json_data(spec: ModelSpec, tspec: InputSpec, shape: tuple[int, ...], 
             bad = vmin if vmin < low else vmax
             raise spec.refuse(OUT_OF_RANGE, f"input {name!r}: value {bad} does not fit {datatype} "
                                                  f"({low}..{high})", name)
-        return
+        return values
     # One pass for the common case: NaN propagates into the max, ±Inf and overflow exceed the bound.
     largest = float(np.abs(values).max())
     if largest <= _FLOAT_MAX[datatype]:
-        return
+        return values
     as_float = values.astype(np.float64, copy=False)
     finite = np.isfinite(as_float)
     if not finite.all():
@@ -542,6 +552,7 @@ def _check_json_data(spec: ModelSpec, tspec: InputSpec, shape: tuple[int, ...], 
     if largest > _FLOAT_MAX[datatype] and spec.limits.reject_non_finite:
         raise spec.refuse(NON_FINITE, f"input {name!r}: value {largest:g} overflows {datatype} to "
                                            "infinity", name)
+    return values
 
 
 def _check_json_bytes(spec: ModelSpec, tspec: InputSpec, count: int, data: list[Any]) -> None:

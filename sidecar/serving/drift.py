@@ -1,0 +1,631 @@
+"""Live data and prediction drift: each model's inputs and outputs binned against a reference, in the
+request path, at a bounded cost; PSI and missing-value ratios computed when someone asks (a scrape,
+/status), never per request.
+
+Why it looks the way it does:
+- A reference (`Reference`, one JSON file per model, written by `triton-sidecar record-reference`)
+  holds, per input feature and per output element, quantile bin edges, the reference's count in each
+  bin, and its share of missing values. Quantile edges put about the same share of the reference in
+  every bin, which is what makes PSI sensitive where the data actually lies.
+- Per request the work is a few vectorised numpy calls per tensor: compare the row with every
+  feature's edges at once (`(x[:, :, None] >= edges).sum(-1)`), turn bin numbers into flat cells of a
+  (feature, bin) count table, add them, and remove the row that leaves the sliding window. The count
+  table is the window: nothing is summed again when PSI is asked for.
+- Missing values (the configured sentinels per input; NaN where validation lets it through) go to an
+  extra cell per feature: they count for the missing ratio and not for the distribution.
+- Models without a reference cost one dict lookup per request and nothing else.
+- Nothing here writes model state: a drifted model is reported (metrics, /status) and still served,
+  because no reload can fix a world that changed (issue 22).
+
+Pure logic and numpy: no aiohttp, no grpc (import-linter contract).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from sidecar.config import DriftSection
+from sidecar.protocol.answers import BINARY_DTYPES
+from sidecar.protocol.datatypes import FLOAT_DATATYPES
+
+#: Reference file format this code writes and reads.
+REFERENCE_FORMAT = 1
+
+
+#: Bins per feature in a recorded reference: 10 quantile bins is the usual PSI practice (deciles);
+#: more bins make a window of 1,000 rows noisier (docs/drift.md), fewer hide shifts inside a bin.
+DEFAULT_BINS = 10
+
+
+#: Floor on a bin's share before the logarithm of PSI: an empty bin would make PSI infinite. 1e-4
+#: is the usual choice; it caps one empty bin's contribution at about 0.1 * ln(0.1 / 1e-4) = 0.7.
+PSI_FLOOR = 1e-4
+
+
+#: Datatypes whose values can be binned (BYTES and BOOL cannot; BF16 has no numpy dtype).
+BINNABLE = frozenset(BINARY_DTYPES)
+
+
+class ReferenceFileError(ValueError):
+    """A reference file that cannot be used; the message names the file and the key."""
+
+
+#: A decoded tensor: (name, datatype, shape, values). Values are a numpy array, or bytes / a memoryview
+#: of little-endian binary data (viewed in place only when the tensor is measured).
+Tensor = tuple[str, str, Sequence[int], Any]
+
+
+# -- the reference --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorReference:
+    """One tensor's reference: per feature (an element of a row), bin edges and counts."""
+
+    name: str
+    datatype: str
+    #: Features per row (elements of one batch item).
+    features: int
+    #: Label per feature in metrics: the given names, else the index.
+    feature_names: tuple[str, ...]
+    #: (features, bins - 1) interior edges, padded with +inf where a feature has fewer distinct
+    #: quantiles (a discrete feature); value v is in bin = number of edges <= v.
+    edges: np.ndarray
+    #: (features, bins) reference counts per bin (present values only).
+    counts: np.ndarray
+    #: (features,) share of the reference's values that were missing.
+    missing: np.ndarray
+
+    @property
+    def bins(self) -> int:
+        return int(self.edges.shape[1]) + 1
+
+    @property
+    def expected(self) -> np.ndarray:
+        """(features, bins) reference proportions per feature, floored for PSI."""
+        totals = self.counts.sum(axis=1, keepdims=True)
+        return np.maximum(self.counts / np.maximum(totals, 1), PSI_FLOOR)
+
+
+@dataclass(frozen=True)
+class Reference:
+    model: str
+    #: The model version it was recorded on; "" = any version.
+    version: str
+    rows: int
+    inputs: Mapping[str, TensorReference]
+    outputs: Mapping[str, TensorReference]
+    path: Path | None = None
+
+
+def reference_from_values(model: str, version: str, inputs: Mapping[str, tuple[str, np.ndarray]],
+                          outputs: Mapping[str, tuple[str, np.ndarray]], *, bins: int = DEFAULT_BINS,
+                          sentinels: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
+    """The reference document of recorded rows. `inputs`/`outputs`: name -> (datatype, (rows, features)
+    array); `sentinels`: input name -> values that mean "missing"."""
+    sentinels = sentinels or {}
+    rows = {name: len(values) for name, (_, values) in {**inputs, **outputs}.items()}
+    if len(set(rows.values())) > 1:
+        raise ValueError(f"tensors hold different numbers of rows: {rows}")
+    doc: dict[str, Any] = {"format": REFERENCE_FORMAT, "model": model, "version": version or None,
+                           "rows": next(iter(rows.values()), 0), "bins": bins,
+                           "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                           "inputs": {}, "outputs": {}}
+    for kind, tensors in (("inputs", inputs), ("outputs", outputs)):
+        for name, (datatype, values) in tensors.items():
+            if datatype not in BINNABLE:
+                continue
+            doc[kind][name] = _tensor_reference_doc(datatype, np.asarray(values, dtype=np.float64),
+                                                    bins, sentinels.get(name, ()))
+    return doc
+
+
+def _tensor_reference_doc(datatype: str, values: np.ndarray, bins: int, sentinels: Sequence[float]) -> dict[str, Any]:
+    values = values.reshape(len(values), -1)
+    edges, counts, missing = [], [], []
+    for column in values.T:
+        absent = np.isin(column, sentinels) | np.isnan(column)
+        present = column[~absent]
+        cuts = np.unique(np.quantile(present, np.linspace(0, 1, bins + 1)[1:-1])) if present.size else np.array([])
+        # Edges equal to the minimum would leave the first bin empty in the reference itself.
+        cuts = cuts[cuts > present.min()] if present.size else cuts
+        edges.append([float(c) for c in cuts])
+        counts.append([int(c) for c in np.bincount(np.searchsorted(cuts, present, side="right"),
+                                                   minlength=len(cuts) + 1)])
+        missing.append(float(absent.mean()) if column.size else 0.0)
+    return {"datatype": datatype, "features": int(values.shape[1]), "edges": edges, "counts": counts,
+            "missing": missing}
+
+
+def load_reference(path: Path) -> Reference:
+    """The reference in `path`; ReferenceFileError names the file and the key when it cannot be used."""
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as e:
+        raise ReferenceFileError(f"{path}: cannot read the reference file: {e.strerror}") from e
+    except ValueError as e:
+        raise ReferenceFileError(f"{path}: not valid JSON: {e}") from e
+    return parse_reference(doc, path)
+
+
+def parse_reference(doc: Any, path: Path) -> Reference:
+    def fail(key: str, message: str) -> ReferenceFileError:
+        return ReferenceFileError(f"{path}: key {key!r}: {message}")
+
+    if not isinstance(doc, dict):
+        raise ReferenceFileError(f"{path}: the top level must be an object (model, inputs, outputs)")
+    if doc.get("format") != REFERENCE_FORMAT:
+        raise fail("format", f"must be {REFERENCE_FORMAT}, got {doc.get('format')!r}")
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise fail("model", "must be the model's name")
+    version = doc.get("version")
+    if version is not None and not isinstance(version, str):
+        raise fail("version", "must be a string (a model version) or null (any version)")
+    rows = doc.get("rows")
+    if not isinstance(rows, int) or rows < 1:
+        raise fail("rows", f"must be a positive integer, got {rows!r}")
+    tensors: dict[str, dict[str, TensorReference]] = {}
+    for kind in ("inputs", "outputs"):
+        section = doc.get(kind, {})
+        if not isinstance(section, dict):
+            raise fail(kind, "must be an object of tensor name -> reference")
+        tensors[kind] = {name: _parse_tensor(name, t, f"{kind}.{name}", fail) for name, t in section.items()}
+    if not tensors["inputs"] and not tensors["outputs"]:
+        raise fail("inputs", "neither inputs nor outputs hold a reference: nothing to measure")
+    return Reference(model, version or "", rows, tensors["inputs"], tensors["outputs"], path)
+
+
+def _parse_tensor(name: str, doc: Any, key: str, fail: Callable[[str, str], ReferenceFileError]) -> TensorReference:
+    if not isinstance(doc, dict):
+        raise fail(key, "must be an object with datatype, features, edges, counts, missing")
+    datatype = doc.get("datatype")
+    if datatype not in BINNABLE:
+        raise fail(f"{key}.datatype", f"must be a numeric v2 datatype, got {datatype!r}")
+    features = doc.get("features")
+    if not isinstance(features, int) or features < 1:
+        raise fail(f"{key}.features", f"must be a positive integer, got {features!r}")
+    lists = {}
+    for field_name in ("edges", "counts"):
+        value = doc.get(field_name)
+        if not isinstance(value, list) or len(value) != features or not all(isinstance(v, list) for v in value):
+            raise fail(f"{key}.{field_name}", f"must be a list of {features} lists (one per feature)")
+        lists[field_name] = value
+    width = max(len(e) for e in lists["edges"]) + 1
+    edges = np.full((features, width - 1), np.inf)
+    counts = np.zeros((features, width))
+    for i, (cuts, count) in enumerate(zip(lists["edges"], lists["counts"], strict=True)):
+        if not all(isinstance(c, (int, float)) and math.isfinite(c) for c in cuts) or cuts != sorted(set(cuts)):
+            raise fail(f"{key}.edges.{i}", "must be finite numbers in strictly increasing order")
+        if len(count) != len(cuts) + 1 or not all(isinstance(c, int) and c >= 0 for c in count) or not sum(count):
+            raise fail(f"{key}.counts.{i}", f"must be {len(cuts) + 1} non-negative integers (one per bin), "
+                                            "not all zero")
+        edges[i, :len(cuts)] = cuts
+        counts[i, :len(count)] = count
+    missing = doc.get("missing", [0.0] * features)
+    if (not isinstance(missing, list) or len(missing) != features
+            or not all(isinstance(m, (int, float)) and 0 <= m <= 1 for m in missing)):
+        raise fail(f"{key}.missing", f"must be {features} shares between 0 and 1")
+    names = doc.get("feature_names")
+    if names is None:
+        names = [str(i) for i in range(features)]
+    elif not isinstance(names, list) or len(names) != features or not all(isinstance(n, str) and n for n in names):
+        raise fail(f"{key}.feature_names", f"must be {features} non-empty strings")
+    return TensorReference(name, datatype, features, tuple(names), edges, counts, np.asarray(missing, float))
+
+
+def reference_files(directory: Path) -> list[Path]:
+    """The reference files in `directory`: `<model>.json`, or `<model>@<version>.json` for one version."""
+    try:
+        return sorted(p for p in directory.glob("*.json") if p.is_file() and not p.name.startswith("."))
+    except OSError:
+        return []
+
+
+def reference_key(path: Path) -> tuple[str, str]:
+    """(model, version) a file name stands for: `credit_risk.json` any version, `credit_risk@2.json` version 2."""
+    model, _, version = path.stem.partition("@")
+    return model, version
+
+
+def load_reference_dir(directory: Path) -> dict[tuple[str, str], Reference]:
+    """Every reference in `directory` by (model, version); the first broken file raises ReferenceFileError."""
+    found = {}
+    for path in reference_files(directory):
+        found[reference_key(path)] = checked_reference(path)
+    return found
+
+
+def checked_reference(path: Path) -> Reference:
+    """The reference in `path`, which must name the model (and version) its file name says."""
+    reference = load_reference(path)
+    model, version = reference_key(path)
+    if reference.model != model:
+        raise ReferenceFileError(f"{path}: key 'model': the file is named for model {model!r} but holds "
+                                 f"{reference.model!r}")
+    if version and reference.version not in ("", version):
+        raise ReferenceFileError(f"{path}: key 'version': the file is named for version {version} but holds "
+                             f"{reference.version}")
+    return reference
+
+
+# -- the live window --------------------------------------------------------------------------------------
+
+
+class TensorWindow:
+    """The last `window` rows of one tensor, as a (feature, bin + missing) count table."""
+
+    def __init__(self, reference: TensorReference, window: int, sentinels: Sequence[float], count_nan: bool) -> None:
+        self.reference = reference
+        self.window = window
+        features, bins = reference.features, reference.bins
+        # Every feature's edges in one sorted array, so one searchsorted bins a whole row: complex
+        # numbers sort by real part, then imaginary part, so (feature + 1j * edge) orders the edges by
+        # feature first, and (feature + 1j * value) lands among its own feature's edges only.
+        self._flat_edges = (np.arange(features)[:, None] + 1j * reference.edges).ravel()
+        self._query = np.empty(features, dtype=np.complex128)
+        self._query.real = np.arange(features)
+        #: searchsorted's answer minus this = the cell of (feature f, bin b) in the flat table,
+        #: f * (bins + 1) + b; bin `bins` of each feature counts its missing values.
+        self._to_cell = np.arange(features) * (bins - 1) - np.arange(features) * (bins + 1)
+        self._missing_cell = np.arange(features) * (bins + 1) + bins
+        self._scalar_edges = [float(e) for e in reference.edges[0] if math.isfinite(e)] if features == 1 else None
+        self._table = np.zeros(features * (bins + 1), dtype=np.int64)
+        self._ring = np.zeros((window, features), dtype=np.int64)
+        self._next = 0
+        self.rows = 0
+        self._sentinels = tuple(float(v) for v in sentinels)
+        self._count_nan = count_nan and reference.datatype in FLOAT_DATATYPES
+        #: Every row ever seen, per bin (the output histogram is cumulative, as Prometheus wants).
+        self.total = np.zeros(bins, dtype=np.int64)
+        self.sum = 0.0
+
+    def add(self, values: np.ndarray) -> None:
+        """Count `values`, shaped (rows, features), and forget the rows that fall out of the window."""
+        if len(values) == 1:
+            self._add_row(values[0])
+            return
+        for row in values[-self.window:]:
+            self._add_row(row)
+
+    def _add_row(self, row: np.ndarray) -> None:
+        if self._scalar_edges is not None:
+            cells: Any = self._scalar_cell(float(row[0]))
+        else:
+            self._query.imag = row
+            cells = np.searchsorted(self._flat_edges, self._query, side="right") - self._to_cell
+            if self._sentinels or self._count_nan:
+                missing = np.isnan(row) if self._count_nan else np.zeros(len(row), dtype=bool)
+                for sentinel in self._sentinels:  # one comparison each: np.isin costs ten times more
+                    missing |= row == sentinel
+                if missing.any():
+                    cells = np.where(missing, self._missing_cell, cells)
+        slot = self._next
+        if self.rows == self.window:
+            self._table[self._ring[slot]] -= 1  # one row: every feature's cell is distinct
+        else:
+            self.rows += 1
+        self._table[cells] += 1
+        self._ring[slot] = cells
+        self._next = (slot + 1) % self.window
+
+    def _scalar_cell(self, value: float) -> int:
+        """The cell of a one-feature row, in plain Python: cheaper than any numpy call for one value."""
+        if (value != value and self._count_nan) or value in self._sentinels:  # NaN, or "missing"
+            return self.reference.bins
+        cell = bisect.bisect_right(self._scalar_edges, value)  # type: ignore[type-var]
+        self.total[cell] += 1
+        self.sum += value
+        return cell
+
+    def table(self) -> np.ndarray:
+        """(features, bins + 1) counts in the window; the last column counts missing values."""
+        return self._table.reshape(self.reference.features, self.reference.bins + 1)
+
+    def psi(self) -> np.ndarray:
+        """(features,) population stability index of the window against the reference."""
+        counts = self.table()[:, :-1]
+        actual = np.maximum(counts / np.maximum(counts.sum(axis=1, keepdims=True), 1), PSI_FLOOR)
+        expected = self.reference.expected
+        return ((actual - expected) * np.log(actual / expected)).sum(axis=1)  # type: ignore[no-any-return]
+
+    def missing_ratio(self) -> float:
+        """Share of the window's values (all features) that were missing."""
+        if not self.rows:
+            return 0.0
+        return float(self.table()[:, -1].sum() / (self.rows * self.reference.features))
+
+
+@dataclass
+class ModelWindow:
+    """One model version's windows, one per measured tensor."""
+
+    model: str
+    version: str
+    reference: Reference
+    inputs: dict[str, TensorWindow]
+    outputs: dict[str, TensorWindow]
+
+    @property
+    def rows(self) -> int:
+        return max((tw.rows for _, tw in self.tensors()), default=0)
+
+    def tensors(self) -> Iterator[tuple[str, TensorWindow]]:
+        yield from self.inputs.items()
+        yield from self.outputs.items()
+
+
+@dataclass(frozen=True)
+class TensorPsi:
+    tensor: str
+    #: (feature label, PSI), most drifted first, at most drift.max_features.
+    top: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
+class DriftReading:
+    """What the window of one model version says now."""
+
+    model: str
+    version: str
+    rows: int
+    #: True once the window is full: a PSI over fewer rows is mostly noise (docs/drift.md).
+    measured: bool
+    max_psi: float
+    #: (tensor, feature) of max_psi.
+    worst: tuple[str, str]
+    tensors: tuple[TensorPsi, ...]
+    missing: Mapping[str, float] = field(default_factory=dict)
+
+
+class DriftMonitor:
+    """Live drift of every model that has a reference; read by /metrics (`collect`) and /status."""
+
+    def __init__(self, settings: DriftSection, references: Mapping[tuple[str, str], Reference], *,
+                 count_nan: bool = False, rng: Callable[[], float] = random.random) -> None:
+        self.settings = settings
+        self.count_nan = count_nan
+        self._rng = rng
+        self._references: dict[tuple[str, str], Reference] = dict(references)
+        self._models = {model for model, _ in self._references}
+        self._windows: dict[tuple[str, str], ModelWindow] = {}
+        #: Watchers of live recording (record-reference --live): model -> recorders.
+        self.recorders: dict[str, list[LiveRecorder]] = {}
+        #: Why the last reload of the reference files was refused (file and key); None once one loads.
+        self.refused: str | None = None
+
+    # -- the request path -------------------------------------------------------------------------------
+
+    def wants(self, model: str) -> bool:
+        """Measure this request? One set lookup for models without a reference or a recording."""
+        if model not in self._models and model not in self.recorders:
+            return False
+        rate = self.settings.sample_rate
+        return rate >= 1.0 or self._rng() < rate
+
+    def observe(self, model: str, version: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor], *,
+                batched: bool) -> None:
+        """Count one answered request: its decoded inputs and outputs, `version` the one that answered;
+        `batched`: the first dimension of every tensor is the batch (the model's max_batch_size > 0)."""
+        for recorder in self.recorders.get(model, ()):
+            recorder.add(version, inputs, outputs, batched)
+        window = self._window(model, version)
+        if window is None:
+            return
+        for tensors, windows in ((inputs, window.inputs), (outputs, window.outputs)):
+            for name, datatype, _, values in tensors:
+                tw = windows.get(name)
+                if tw is None:
+                    continue
+                rows = _rows(datatype, values, tw.reference.features)
+                if rows is not None:
+                    tw.add(rows)
+
+    def _window(self, model: str, version: str) -> ModelWindow | None:
+        window = self._windows.get((model, version))
+        if window is not None:
+            return window
+        reference = self._references.get((model, version)) or self._references.get((model, ""))
+        if reference is None:
+            return None
+        sentinels = self.settings.missing_sentinels.get(model, {})
+        size = self.settings.window
+        window = ModelWindow(
+            model, version, reference,
+            {n: TensorWindow(t, size, sentinels.get(n, ()), self.count_nan) for n, t in reference.inputs.items()},
+            {n: TensorWindow(t, size, (), self.count_nan) for n, t in reference.outputs.items()})
+        self._windows[(model, version)] = window
+        return window
+
+    # -- references ---------------------------------------------------------------------------------------
+
+    def has_reference(self, model: str) -> bool:
+        return model in self._models
+
+    def reference_for(self, model: str) -> list[Reference]:
+        return [r for (m, _), r in sorted(self._references.items()) if m == model]
+
+    def replace_references(self, references: Mapping[tuple[str, str], Reference]) -> None:
+        """A reload: windows of a changed or removed reference start again (their bins changed)."""
+        for key in set(self._references) | set(references):
+            if self._references.get(key) is not references.get(key):
+                model = key[0]
+                for wkey in [k for k in self._windows if k[0] == model]:
+                    del self._windows[wkey]
+        self._references = dict(references)
+        self._models = {model for model, _ in self._references}
+
+    def reconfigure(self, settings: DriftSection, *, count_nan: bool) -> None:
+        if settings != self.settings or count_nan != self.count_nan:
+            self._windows.clear()  # a new window size or sentinel set: count again from empty
+        self.settings = settings
+        self.count_nan = count_nan
+
+    # -- readings -----------------------------------------------------------------------------------------
+
+    def readings(self, model: str | None = None) -> list[DriftReading]:
+        return [_reading(w, self.settings.max_features) for (m, _), w in sorted(self._windows.items())
+                if model is None or m == model]
+
+    def status(self, model: str) -> dict[str, Any]:
+        """The model's drift for /status; `degraded` only with drift.degrade_above_psi, and never in
+        the model's state (the health supervisor owns it): the model is still served."""
+        if not self.has_reference(model):
+            return {"measured": False, "reason": f"no reference file for {model} in {self.settings.reference_dir}"}
+        threshold = self.settings.degrade_above_psi
+        versions = {}
+        degraded_by: list[str] = []
+        for reading in self.readings(model):
+            tensor, feature = reading.worst
+            versions[reading.version or "(unversioned)"] = {
+                "rows_in_window": reading.rows, "window_full": reading.measured,
+                "max_psi": round(reading.max_psi, 4) if reading.measured else None,
+                "most_drifted": {"tensor": tensor, "feature": feature} if reading.measured and tensor else None,
+                "missing_ratio": {k: round(v, 4) for k, v in reading.missing.items()},
+            }
+            if threshold is not None and reading.measured and reading.max_psi > threshold:
+                label = f" version {reading.version}" if reading.version else ""
+                degraded_by.append(f"model {model}{label}: PSI {reading.max_psi:.2f} > {threshold:g} "
+                                   f"(drift.degrade_above_psi) in {tensor} feature {feature}")
+        return {"measured": True, "references": [str(r.path) for r in self.reference_for(model)],
+                "degraded": bool(degraded_by), "cause": "; ".join(degraded_by) or None, "versions": versions,
+                "reload_refused": self.refused}
+
+    def collector(self) -> Collector:
+        return _DriftCollector(self)
+
+
+def _rows(datatype: str, values: Any, features: int) -> np.ndarray | None:
+    """A tensor's values as (rows, features), or None when they do not fit the reference."""
+    if not isinstance(values, np.ndarray):
+        dtype = BINARY_DTYPES.get(datatype)
+        if dtype is None:
+            return None
+        values = np.frombuffer(values, dtype=dtype)
+    if values.size == 0 or values.size % features:
+        return None
+    return values.reshape(-1, features)
+
+
+def _reading(window: ModelWindow, max_features: int) -> DriftReading:
+    tensors = []
+    max_psi, worst = 0.0, ("", "")
+    for name, tw in window.tensors():
+        if not tw.rows:
+            continue
+        psi = tw.psi()
+        order = np.argsort(psi)[::-1][:max_features]
+        labels = tw.reference.feature_names
+        top = tuple((labels[i], float(psi[i])) for i in order)
+        tensors.append(TensorPsi(name, top))
+        if top and top[0][1] > max_psi:
+            max_psi, worst = top[0][1], (name, top[0][0])
+    missing = {name: tw.missing_ratio() for name, tw in window.inputs.items()}
+    full = window.rows >= next(iter(tw.window for _, tw in window.tensors()), 0) > 0
+    return DriftReading(window.model, window.version, window.rows, full, max_psi, worst, tuple(tensors), missing)
+
+
+class _DriftCollector(Collector):
+    """The drift metrics, computed at scrape time from the windows (none per request)."""
+
+    def __init__(self, monitor: DriftMonitor) -> None:
+        self.monitor = monitor
+
+    def collect(self) -> Iterator[Any]:
+        psi = GaugeMetricFamily("triton_sidecar_drift_psi", "Population stability index of the sliding window "
+                                "against the model's reference, per tensor and feature (the most drifted "
+                                "drift.max_features per tensor). 0.1-0.25: a shift worth a look; above 0.25: "
+                                "a significant one.", labels=["model", "version", "tensor", "feature"])
+        max_psi = GaugeMetricFamily("triton_sidecar_drift_max_psi", "Largest PSI of any measured feature or "
+                                    "output of the model version.", labels=["model", "version"])
+        missing = GaugeMetricFamily("triton_sidecar_feature_missing_ratio", "Share of the window's values of the "
+                                    "input that were missing (drift.missing_sentinels).",
+                                    labels=["model", "version", "input"])
+        histogram = HistogramMetricFamily("triton_sidecar_output_value", "Values of each scalar output, in "
+                                          "the reference's bins.", labels=["model", "version", "output"])
+        monitor = self.monitor
+        for (model, version), window in sorted(monitor._windows.items()):
+            reading = _reading(window, monitor.settings.max_features)
+            if reading.measured:
+                for tensor in reading.tensors:
+                    for feature, value in tensor.top:
+                        psi.add_metric([model, version, tensor.tensor, feature], value)
+                max_psi.add_metric([model, version], reading.max_psi)
+            for name, ratio in reading.missing.items():
+                missing.add_metric([model, version, name], ratio)
+            for name, tw in window.outputs.items():
+                if tw.reference.features != 1:
+                    continue
+                edges = [e for e in tw.reference.edges[0] if math.isfinite(e)]
+                cumulative = np.cumsum(tw.total)
+                buckets = [(_le(e), float(c)) for e, c in zip(edges, cumulative, strict=False)]
+                buckets.append(("+Inf", float(cumulative[-1])))
+                histogram.add_metric([model, version, name], buckets, tw.sum)
+        yield from (psi, max_psi, missing, histogram)
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())  # the families' labels depend on the references: no fixed description
+
+
+def _le(edge: float) -> str:
+    # Bins count v >= edge in the next bin, Prometheus' `le` is v <= bound: the bound just below the
+    # edge keeps the two in step for real-valued data.
+    return repr(float(np.nextafter(edge, -np.inf)))
+
+
+# -- live recording (record-reference --live) -----------------------------------------------------------
+
+
+class LiveRecorder:
+    """Collects the raw values of the next `rows` answered rows of one model, for a reference.
+    Held in memory only, and only while someone records (never logged)."""
+
+    def __init__(self, model: str, rows: int) -> None:
+        self.model = model
+        self.rows = rows
+        self.version = ""
+        self.inputs: dict[str, tuple[str, list[np.ndarray]]] = {}
+        self.outputs: dict[str, tuple[str, list[np.ndarray]]] = {}
+        self.seen = 0
+        self.done = False
+        self.on_done: Callable[[], None] = lambda: None
+
+    def add(self, version: str, inputs: Iterable[Tensor], outputs: Iterable[Tensor], batched: bool) -> None:
+        if self.done:
+            return
+        count = 0
+        for store, tensors in ((self.inputs, inputs), (self.outputs, outputs)):
+            for name, datatype, shape, values in tensors:
+                if datatype not in BINNABLE or not shape:
+                    continue
+                batch = int(shape[0]) if batched else 1
+                rows = _rows(datatype, values, max(1, math.prod(shape) // max(batch, 1)))
+                if rows is None:
+                    continue
+                store.setdefault(name, (datatype, []))[1].append(rows.astype(np.float64))
+                count = max(count, len(rows))
+        self.version = self.version or version
+        self.seen += count
+        if self.seen >= self.rows:
+            self.done = True
+            self.on_done()
+
+    def reference(self, *, bins: int, sentinels: Mapping[str, Sequence[float]]) -> dict[str, Any]:
+        """The reference document of what was recorded."""
+        def stacked(store: dict[str, tuple[str, list[np.ndarray]]]) -> dict[str, tuple[str, np.ndarray]]:
+            return {name: (datatype, np.concatenate(parts)[: self.rows]) for name, (datatype, parts) in store.items()}
+
+        return reference_from_values(self.model, "", stacked(self.inputs), stacked(self.outputs), bins=bins,
+                                     sentinels=sentinels)

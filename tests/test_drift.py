@@ -1,0 +1,240 @@
+"""Live data and prediction drift (issue 22): references recorded from a real Triton, the sidecar's
+windows fed by real traffic on both wires, PSI, missing ratios and output histograms on /metrics,
+and drift in /status without touching the model's state."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc.aio as grpcclient
+
+from sidecar.cli.main import main
+from sidecar.config import ConfigError, SidecarConfig
+from sidecar.devtools.tritonserver import LocalTriton, free_port
+from sidecar.fronts.appkeys import SERVING
+from sidecar.serving.drift import PSI_FLOOR, DriftMonitor, ReferenceFileError, load_reference, parse_reference
+from tests.harness import FAULTY_TEMPLATE, GOLDEN, RunningSidecar, sidecar_config, triton_post, wait_for
+from tests.proxy_support import started_and_healthy
+
+MODEL = "credit_risk"
+#: Rows per request: 16-row batches keep a 1,000-row window to 63 requests.
+BATCH = 16
+REFERENCE_ROWS = 2000
+WINDOW = 1000
+SHIFTED = 7
+
+
+def rows(n: int, seed: int, *, shift: float = 0.0, sentinel_share: float = 0.0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = np.round(rng.standard_normal((n, 128)), 4).astype(np.float32)
+    x[:, SHIFTED] += shift
+    if sentinel_share:
+        x[rng.random(x.shape) < sentinel_share] = -999.0
+    return x
+
+
+def request_body(x: np.ndarray) -> dict[str, Any]:
+    return {"inputs": [{"name": "features", "shape": list(x.shape), "datatype": "FP32",
+                        "data": [float(v) for v in x.ravel()]}]}
+
+
+def record(triton: LocalTriton, tmp_path: Path, model: str = MODEL, *, version: str = "", seed: int = 1,
+           config_yaml: str = "") -> Path:
+    """The reference of REFERENCE_ROWS standard-normal rows, written by the real command."""
+    requests = tmp_path / f"requests-{model}.jsonl"
+    requests.write_text("".join(json.dumps(request_body(x)) + "\n"
+                                for x in np.split(rows(REFERENCE_ROWS, seed), REFERENCE_ROWS // BATCH)))
+    config = tmp_path / "record.yaml"
+    config.write_text(f"triton: {{url: '{triton.url}'}}\n{config_yaml}")
+    out = tmp_path / "reference"
+    args = ["record-reference", "--model", model, "--from", str(requests), "--config", str(config), "--out", str(out)]
+    assert main([*args, *(["--version", version] if version else [])]) == 0
+    return out
+
+
+def drift_config(triton: LocalTriton, reference_dir: Path, models: list[str], golden_dir: Path = GOLDEN,
+                 **drift: Any) -> SidecarConfig:
+    return sidecar_config(triton, models=models, golden_dir=golden_dir,
+                          drift={"reference_dir": reference_dir, "window": WINDOW, **drift})
+
+
+async def send(sidecar: RunningSidecar, x: np.ndarray, model: str = MODEL, version: str = "") -> None:
+    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+    for batch in (x[i: i + BATCH] for i in range(0, len(x), BATCH)):
+        async with sidecar.session.post(sidecar.url + path, json=request_body(batch)) as response:
+            assert response.status == 200, await response.text()
+
+
+def psi(sidecar: RunningSidecar, tensor: str, feature: str, model: str = MODEL, version: str = "1") -> float | None:
+    return sidecar.metric("triton_sidecar_drift_psi", model=model, version=version, tensor=tensor, feature=feature)
+
+
+def max_psi(sidecar: RunningSidecar, model: str = MODEL, version: str = "1") -> float | None:
+    return sidecar.metric("triton_sidecar_drift_max_psi", model=model, version=version)
+
+
+# --- against the real Triton -----------------------------------------------------------------------------
+
+
+async def test_reference_traffic_stays_quiet_and_a_two_sigma_shift_is_named_within_one_window(
+        triton, tmp_path, start):
+    reference_dir = record(triton, tmp_path)
+    sidecar = await started_and_healthy(start, drift_config(triton, reference_dir, [MODEL], degrade_above_psi=0.25))
+
+    await send(sidecar, rows(WINDOW, seed=2))
+    quiet = max_psi(sidecar)
+    assert quiet is not None and quiet < 0.1, f"max PSI {quiet} on traffic drawn like the reference"
+    _, status = await sidecar.get("/status")
+    assert status["models"][MODEL]["drift"]["degraded"] is False, status["models"][MODEL]["drift"]
+
+    await send(sidecar, rows(WINDOW, seed=3, shift=2.0))
+    shifted = psi(sidecar, "features", str(SHIFTED))
+    assert shifted is not None and shifted > 0.25, f"PSI of the shifted feature {shifted}"
+    assert max_psi(sidecar) == pytest.approx(shifted)
+    others = [psi(sidecar, "features", str(i)) for i in range(128) if i != SHIFTED]
+    assert max(v for v in others if v is not None) < 0.1, "only the shifted feature may drift"
+
+    # Reported, never acted on: the model keeps its state and its traffic.
+    _, status = await sidecar.get("/status")
+    drift = status["models"][MODEL]["drift"]
+    assert drift["degraded"] is True and f"features feature {SHIFTED}" in drift["cause"], drift
+    assert status["models"][MODEL]["state"] == "HEALTHY"
+    await send(sidecar, rows(BATCH, seed=4, shift=2.0))
+
+
+async def test_a_missing_value_sentinel_rate_rises_in_its_metric(triton, tmp_path, start):
+    sentinels = "drift: {missing_sentinels: {credit_risk: {features: [-999]}}}\n"
+    reference_dir = record(triton, tmp_path, config_yaml=sentinels)
+    assert load_reference(reference_dir / "credit_risk.json").inputs["features"].missing.max() == 0
+    sidecar = await started_and_healthy(start, drift_config(triton, reference_dir, [MODEL],
+                                       missing_sentinels={MODEL: {"features": (-999.0,)}}))
+    await send(sidecar, rows(WINDOW // 2, seed=5))
+    ratio = lambda: sidecar.metric("triton_sidecar_feature_missing_ratio", model=MODEL, version="1",  # noqa: E731
+                                   input="features")
+    assert ratio() == 0.0
+    await send(sidecar, rows(WINDOW // 2, seed=6, sentinel_share=0.3))
+    assert 0.1 < ratio() < 0.2, ratio()  # half the window at 30 %
+    # Missing values are not a shift of the inputs' distribution: they are kept out of the bins. (The
+    # scores do move: the model was fed -999s.)
+    input_psi = [psi(sidecar, "features", str(i)) for i in range(128)]
+    assert max(v for v in input_psi if v is not None) < 0.1
+
+
+async def test_a_model_without_a_reference_is_not_measured_and_status_says_so(triton, tmp_path, start):
+    reference_dir = record(triton, tmp_path)
+    sidecar = await started_and_healthy(start, drift_config(triton, reference_dir, [MODEL, "image_classifier"]))
+    _, status = await sidecar.get("/status")
+    drift = status["models"]["image_classifier"]["drift"]
+    assert drift["measured"] is False and "no reference file" in drift["reason"], drift
+    await send(sidecar, rows(BATCH * 4, seed=10))
+    assert [r.model for r in sidecar.app[SERVING].drift.readings()] == [MODEL]
+    assert not [s for s in sidecar.registry.collect() if s.name.startswith("triton_sidecar_drift")
+                for sample in s.samples if sample.labels.get("model") == "image_classifier"]
+
+
+async def test_a_changed_model_version_shifts_the_output_histogram_and_its_psi(triton, tmp_path, start):
+    name = f"drift_versions_{os.getpid()}"
+    path = triton.model_repository / name
+    shutil.copytree(FAULTY_TEMPLATE, path)
+    shutil.copytree(path / "1", path / "2")
+    model_py = path / "2" / "model.py"
+    model_py.write_text(model_py.read_text().replace("self.b = np.float32(-0.25)", "self.b = np.float32(1.5)"))
+    config = (path / "config.pbtxt").read_text().replace('name: "faulty"', f'name: "{name}"')
+    (path / "config.pbtxt").write_text(config + "version_policy: { all { } }\n")
+    golden = tmp_path / "golden"
+    (golden / name).mkdir(parents=True)
+    status, body = triton_post(triton, f"/v2/repository/models/{name}/load")
+    assert status == 200, body
+    try:
+        reference_dir = record(triton, tmp_path, name, version="1")
+        assert (reference_dir / f"{name}@1.json").exists()
+        # The version-1 reference stands for the model: version 2 is measured against it.
+        (reference_dir / f"{name}@1.json").rename(reference_dir / f"{name}.json")
+        sidecar = await started_and_healthy(start, drift_config(triton, reference_dir, [name], golden_dir=golden))
+        for version in ("1", "2"):
+            await send(sidecar, rows(WINDOW, seed=8), model=name, version=version)
+        old = psi(sidecar, "scores", "0", model=name, version="1")
+        new = psi(sidecar, "scores", "0", model=name, version="2")
+        assert old is not None and old < 0.1, old
+        assert new is not None and new > 0.25, new
+        # Inputs did not change: only the prediction drifted.
+        assert psi(sidecar, "features", "0", model=name, version="2") is None or max(
+            v for v in (psi(sidecar, "features", str(i), model=name, version="2") for i in range(128))
+            if v is not None) < 0.1
+        edges = load_reference(reference_dir / f"{name}.json").outputs["scores"].edges[0]
+        middle = f"{float(np.nextafter(edges[len(edges) // 2], -np.inf))!r}"
+        below = {v: sidecar.metric("triton_sidecar_output_value_bucket", model=name, version=v, output="scores",
+                                   le=middle) / WINDOW for v in ("1", "2")}
+        assert 0.35 < below["1"] < 0.65, below  # the reference's median, about half below
+        assert below["2"] < 0.2, below  # a larger bias moves the scores up
+    finally:
+        triton_post(triton, f"/v2/repository/models/{name}/unload")
+
+
+async def test_grpc_traffic_is_measured_like_http(triton, tmp_path, start):
+    reference_dir = record(triton, tmp_path)
+    config = drift_config(triton, reference_dir, [MODEL])
+    config = replace(config, listen=replace(config.listen, grpc_port=free_port()))
+    sidecar = await started_and_healthy(start, config)
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{config.listen.grpc_port}")
+    try:
+        x = rows(WINDOW, seed=9, shift=2.0)
+        for batch in (x[i: i + BATCH] for i in range(0, WINDOW, BATCH)):
+            tensor = grpcclient.InferInput("features", list(batch.shape), "FP32")
+            tensor.set_data_from_numpy(batch)
+            await client.infer(MODEL, [tensor])
+    finally:
+        await client.close()
+    shifted = psi(sidecar, "features", str(SHIFTED))
+    assert shifted is not None and shifted > 0.25, shifted
+
+
+async def test_a_broken_reference_is_refused_at_reload_and_the_last_good_one_kept(triton, tmp_path, start):
+    reference_dir = record(triton, tmp_path)
+    sidecar = await started_and_healthy(start, drift_config(triton, reference_dir, [MODEL]))
+    good = sidecar.app[SERVING].drift.reference_for(MODEL)
+    (reference_dir / "credit_risk.json").write_text(json.dumps({"format": 1, "model": MODEL, "rows": 0}))
+    await wait_for(lambda: sidecar.metric("triton_sidecar_reload_failures_total", what="drift_reference") == 1, 10,
+                   what="the broken reference refused")
+    assert sidecar.app[SERVING].drift.reference_for(MODEL) == good
+    _, status = await sidecar.get("/status")
+    assert "key 'rows'" in status["models"][MODEL]["drift"]["reload_refused"]
+
+
+# --- pure logic ------------------------------------------------------------------------------------------
+
+
+def test_a_broken_reference_file_stops_the_start_naming_the_file_and_key(tmp_path):
+    from sidecar.app.factory import create_app
+
+    (tmp_path / "m.json").write_text(json.dumps({"format": 1, "model": "m", "rows": 10, "inputs": {
+        "x": {"datatype": "FP32", "features": 1, "edges": [[1.0, 0.5]], "counts": [[1, 1, 1]]}}}))
+    config = SidecarConfig()
+    config = replace(config, drift=replace(config.drift, reference_dir=tmp_path))
+    with pytest.raises(ConfigError, match=r"m\.json: key 'inputs\.x\.edges\.0'"):
+        create_app(config, golden={})
+
+
+def test_psi_is_zero_for_the_reference_itself_and_floors_empty_bins():
+    x = np.random.default_rng(0).standard_normal((5000, 3))
+    from sidecar.serving.drift import reference_from_values
+
+    reference = parse_reference(reference_from_values("m", "", {"x": ("FP64", x)}, {}), Path("m.json"))
+    monitor = DriftMonitor(SidecarConfig().drift, {("m", ""): reference})
+    monitor.observe("m", "", [("x", "FP64", x[:1000].shape, x[:1000])], [], batched=True)
+    (reading,) = monitor.readings("m")
+    assert reading.measured and reading.max_psi < 0.05
+    monitor.observe("m", "", [("x", "FP64", (1000, 3), np.full((1000, 3), 50.0))], [], batched=True)
+    (reading,) = monitor.readings("m")
+    # Everything in the last bin: bounded by the floor, not infinite.
+    assert np.isfinite(reading.max_psi) and reading.max_psi > 1
+    assert PSI_FLOOR > 0
+    with pytest.raises(ReferenceFileError, match="key 'rows'"):
+        parse_reference({"format": 1, "model": "m", "rows": -1}, Path("m.json"))
