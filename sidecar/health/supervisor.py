@@ -144,14 +144,14 @@ class ModelSupervisor:
         self._states.apply(self.model, lambda h, now: h.begin_warmup(now))
         # Spread the first rounds too, so 100 models don't all fire at start-up.
         probes = self._config().probes
-        await self._wait(self._rng.uniform(0, probes.interval_s * probes.jitter))
+        await self.wait(self._rng.uniform(0, probes.interval_s * probes.jitter))
         while True:
             started = self._clock()
             release = await self.reconcile()
             if release is not None:
                 return release or None
             self.beat()
-            await self._wait(self.next_delay(started))
+            await self.wait(self.next_delay(started))
 
     def beat(self) -> None:
         """A pass completed: the heartbeat moves and any crash streak is over."""
@@ -171,7 +171,7 @@ class ModelSupervisor:
         wait = probes.interval_s * self._rng.uniform(1 - probes.jitter, 1 + probes.jitter)
         return max(0.0, wait - (self._clock() - started))
 
-    async def _wait(self, seconds: float) -> None:
+    async def wait(self, seconds: float) -> None:
         """Sleep `seconds`, handling events as they come; ends early on an event that asks to."""
         deadline = self._clock() + seconds
         while True:
