@@ -98,7 +98,7 @@ def create_app(
     # late verdicts, the serving core's passive signals, golden files changed (see golden_changed).
     supervisors = Supervisors()
     app[PROBER] = Prober(triton=triton, cases_for=store.cases_for, settings=config.probes, metrics=metrics,
-                         on_late_verdict=supervisors.late_verdict)
+                         on_late_verdict=supervisors.late_verdict, clock=clock)
     app[HEALER] = Healer(triton=triton, settings=config.healing, metrics=metrics, verify=app[PROBER].verify_round,
                          unanswered_for=app[PROBER].unanswered_for, clock=clock)
     app[SERVING] = ServingCore(

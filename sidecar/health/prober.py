@@ -14,6 +14,7 @@ fails its rounds at the probe interval, so the diagnosis does not depend on `tim
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -52,12 +53,13 @@ class Prober:
         settings: ProbesSection,
         metrics: SidecarMetrics,
         on_late_verdict: Callable[[str, StubUnhealthy], None] = lambda model, error: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._triton = triton
         self.cases_for = cases_for
         self._settings = settings
         self._metrics = metrics
-        self._late = LateAnswers(interval_s=settings.interval_s, on_final=on_late_verdict)
+        self._late = LateAnswers(interval_s=settings.interval_s, on_final=on_late_verdict, clock=clock)
         self.records: dict[str, ProbeRecord] = {}
 
     def reconfigure(self, settings: ProbesSection) -> None:
