@@ -55,8 +55,8 @@ class ListenSection:
 
 @dataclass(frozen=True)
 class ProbesSection:
-    #: Seconds between two probe rounds of one model. Detection time is about
-    #: interval_s * failure_threshold + timeout_s.
+    #: Seconds between two probe rounds of one model. A failed round is confirmed at once (a few ms
+    #: later), so detection takes up to interval_s to the first failed round + failure_threshold rounds.
     interval_s: float = 5.0
     #: Bound (s) on each probe call; a hung model fails its probe after this, never blocks others.
     timeout_s: float = 2.0
@@ -97,7 +97,8 @@ class HealingSection:
 class LivenessSection:
     #: Triton unreachable or not live for longer than this (s) fails /healthz: a restart may fix it.
     triton_unreachable_grace_s: float = 30.0
-    #: The probe loop not ticking for this long (s) fails /healthz: the sidecar itself is stuck.
+    #: A model's supervisor (or the Triton watch) that completed no round for this long (s) fails
+    #: /healthz naming it: the sidecar itself is stuck or crashing; a restart is the remedy.
     watchdog_stall_s: float = 60.0
 
 

@@ -68,6 +68,15 @@ class SidecarMetrics:
         self.escalations = Counter(f"{PREFIX}_escalations", "Times a model went FAILED (healing exhausted "
                                    "or flapping); /healthz fails until a restart.", ["model"], registry=registry)
 
+        # The sidecar's own long-lived tasks (sidecar.health.tasks)
+        self.task_crashes = Counter(f"{PREFIX}_task_crashes", "Long-lived tasks that raised and were restarted "
+                                    "with backoff, by task kind (supervisor, triton_watch, discovery, reload): "
+                                    "a kind, never a model name, so the label stays bounded; which model's "
+                                    "supervisor crashed is in the task_crashed log event and /status.",
+                                    ["task"], registry=registry)
+        for kind in ("supervisor", "triton_watch", "discovery", "reload"):
+            self.task_crashes.labels(task=kind)
+
         # Proxy
         self.proxy_requests = Counter(f"{PREFIX}_proxy_requests", "Proxied requests by protocol (http, grpc), "
                                       "model and status (HTTP status, or gRPC status code name).",

@@ -7,6 +7,12 @@ DEGRADED means "failed fewer than failure_threshold rounds in a row": still serv
 A failure Triton itself declares final (a dead python stub) skips the threshold: no further round
 can pass before a reload, so counting them only delays the heal.
 FAILED is terminal for this process: only a restart (kubelet, via /healthz) moves on from it.
+
+SUSPECT is not a state but a flag beside it: a golden round just failed and its confirmation round
+(run at once, not an interval later) is under way. The state does not move for it (the model is
+still served while DEGRADED); a listener may hold requests until the confirmation decides.
+
+Every time comes from the clock `ModelStates` is given: no time is read here.
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ class ModelHealth:
         self.broken_versions: frozenset[str] = frozenset()
         #: The version unversioned requests reach (the server's routing; "" = not known).
         self.default_version = ""
+        #: A confirmation round runs after a failed one (see the module docstring).
+        self.suspect = False
 
     def trusts(self, version: str) -> bool:
         """May a request for `version` ("" = unversioned) be served? While the model is quarantined
@@ -145,6 +153,10 @@ class ModelHealth:
 TransitionListener = Callable[[Transition], None]
 
 
+#: Told (model, suspect) when a confirmation round starts (True) and when it has decided (False).
+SuspectListener = Callable[[str, bool], None]
+
+
 class ModelStates:
     """The health of every guarded model; tells a listener about each transition."""
 
@@ -155,9 +167,26 @@ class ModelStates:
         self._success_threshold = success_threshold
         self._clock = clock
         self._listeners: list[TransitionListener] = [listener] if listener else []
+        self._suspect_listeners: list[SuspectListener] = []
 
     def add_listener(self, listener: TransitionListener) -> None:
         self._listeners.append(listener)
+
+    def add_suspect_listener(self, listener: SuspectListener) -> None:
+        self._suspect_listeners.append(listener)
+
+    def now(self) -> float:
+        """The clock every state time is read from (time.monotonic in production)."""
+        return self._clock()
+
+    def set_suspect(self, model: str, suspect: bool) -> None:
+        """Flag (or clear) a running confirmation round; listeners hear of changes only."""
+        health = self._models.get(model)
+        if health is None or health.suspect is suspect:
+            return
+        health.suspect = suspect
+        for listener in self._suspect_listeners:
+            listener(model, suspect)
 
     def track(self, model: str) -> ModelHealth:
         if model not in self._models:

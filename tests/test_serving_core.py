@@ -20,6 +20,7 @@ from sidecar.config import FilterRule, SidecarConfig
 from sidecar.fronts.grpc_server import GrpcAnswer, decode_infer_request, screen_infer_response
 from sidecar.metrics import SidecarMetrics
 from sidecar.serving.core import OutputPolicy, Screened, ServingCore
+from sidecar.serving.passive_signals import HealthEvents
 from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
 from sidecar.serving.telemetry import HTTP, RequestContext
 from sidecar.serving.validation import ModelSpec, validate_decoded_request
@@ -85,8 +86,10 @@ def build_core(**proxy: Any) -> tuple[ServingCore, ModelStates, Recorder, Collec
         return 200, json.dumps(METADATA if what == "metadata" else CONFIG).encode()
 
     core = ServingCore(config, states=states, metrics=SidecarMetrics(registry), fetch_document=fetch,
-                       cases_for=lambda model: (), note_stub_dead=recorder.stubs_dead.append,
-                       probe_soon=recorder.probes_asked.append, mark_unreachable=recorder.unreachable.append)
+                       cases_for=lambda model: (),
+                       events=HealthEvents(probe_soon=lambda model, cause: recorder.probes_asked.append(model),
+                                           stub_dead=recorder.stubs_dead.append,
+                                           triton_unreachable=recorder.unreachable.append))
     states.track("m")
     return core, states, recorder, registry
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,6 @@ from sidecar.app.kubelet import healthz, metrics_endpoint, readyz, status
 from sidecar.config import SidecarConfig
 from sidecar.fronts.appkeys import (
     CONFIG,
-    GOLDEN,
     HEALER,
     LIFECYCLE,
     LIVE,
@@ -46,12 +45,15 @@ from sidecar.health.healer import Healer
 from sidecar.health.prober import Prober
 from sidecar.health.reload import GoldenStore, LiveConfig
 from sidecar.health.roster import Roster
+from sidecar.health.supervisor import Supervisors
+from sidecar.health.tasks import spawn
 from sidecar.health.triton_client import TritonClient
 from sidecar.health.triton_watch import TritonWatch
 from sidecar.metrics import SidecarMetrics
 from sidecar.serving.core import ServingCore
 from sidecar.serving.drift import DriftMonitor
 from sidecar.serving.lifecycle import Lifecycle
+from sidecar.serving.passive_signals import HealthEvents
 from sidecar.serving.request_rules import load_schemas
 from sidecar.states import ModelStates, Transition
 
@@ -83,7 +85,6 @@ def create_app(
     store = GoldenStore(config.golden_dir, golden if golden is not None else load_golden_dir(config.golden_dir),
                         metrics=metrics)
     app[LIVE] = LiveConfig(config, golden=store, metrics=metrics, path=config_path)
-    app[GOLDEN] = store.cases
     app[LIFECYCLE] = Lifecycle(clock)
     states = ModelStates(
         failure_threshold=config.probes.failure_threshold,
@@ -97,23 +98,25 @@ def create_app(
         app.cleanup_ctx.append(_close_on_exit(triton))
     app[TRITON] = triton
     app[WATCH] = TritonWatch(triton=triton, settings=config.probes, metrics=metrics, clock=clock)
-    app[PROBER] = Prober(triton=triton, states=states, cases=app[GOLDEN], settings=config.probes,
-                         metrics=metrics, on_unhealthy=lambda model: app[ROSTER].unhealthy(model),
-                         on_stub_dead=lambda model: app[HEALER].note_stub_dead(model))
-    app[HEALER] = Healer(triton=triton, states=states, settings=config.healing, metrics=metrics,
-                         verify=app[PROBER].verify_round, unanswered_for=app[PROBER].unanswered_for)
+    # Every event about a model goes to its supervisor, the only writer of its state: the prober's
+    # late verdicts, the serving core's passive signals, golden files changed (see golden_changed).
+    supervisors = Supervisors()
+    app[PROBER] = Prober(triton=triton, cases_for=store.cases_for, settings=config.probes, metrics=metrics,
+                         on_late_verdict=supervisors.late_verdict, clock=clock)
+    app[HEALER] = Healer(triton=triton, settings=config.healing, metrics=metrics, verify=app[PROBER].verify_round,
+                         unanswered_for=app[PROBER].unanswered_for, clock=clock)
     drift = DriftMonitor(config.drift, references, count_nan=not config.validation.reject_non_finite)
     metrics.registry.register(drift.collector())
     app.cleanup_ctx.append(_reload_references(ReferenceWatch(drift, settings=lambda: app[LIVE].config.drift,
                                                               metrics=metrics)))
     app[SERVING] = ServingCore(
-        config, states=states, metrics=metrics, fetch_document=document_fetcher(app),
-        cases_for=app[PROBER].cases_for, note_stub_dead=app[HEALER].note_stub_dead,
-        probe_soon=app[PROBER].probe_soon, mark_unreachable=app[WATCH].mark_unreachable, rules=rules,
-        drift=drift)
+        config, states=states, metrics=metrics, fetch_document=document_fetcher(app), cases_for=store.cases_for,
+        events=HealthEvents(probe_soon=supervisors.probe_soon, stub_dead=supervisors.stub_dead,
+                            triton_unreachable=app[WATCH].mark_unreachable), rules=rules, drift=drift)
+    live = app[LIVE]
     app[ROSTER] = Roster(triton=triton, states=states, prober=app[PROBER], healer=app[HEALER], metrics=metrics,
-                         config=lambda: app[LIVE].config, cases_for=store.cases_for,
-                         forget=app[SERVING].forget_model)
+                         config=lambda: live.config, cases_for=store.cases_for,
+                         forget=app[SERVING].forget_model, supervisors=supervisors, clock=clock)
     app[UPSTREAM_POOL] = UpstreamPool(config.triton.url, connect_timeout_s=config.proxy.connect_timeout_s)
     app.cleanup_ctx.append(_upstream_session)
     app.cleanup_ctx.append(_monitors)
@@ -189,17 +192,19 @@ async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _monitors(app: web.Application) -> AsyncIterator[None]:
-    """The Triton watch, the roster of guarded models (one probe loop each) and the reloader:
-    started with the app, cancelled at exit."""
+    """The Triton watch, the roster of guarded models (one supervisor each) and the reloader:
+    started with the app, each restarted after a crash (sidecar.health.tasks), cancelled at exit."""
+    metrics, live = app[METRICS], app[LIVE]
+
+    def reload_files() -> Awaitable[None]:
+        return live.run(apply_config=lambda c: apply_config(app, c),
+                        golden_changed=lambda models: golden_changed(app, models))
+
     tasks: list[asyncio.Task[None]] = [
-        asyncio.create_task(app[WATCH].run(), name="triton-watch"),
-        asyncio.create_task(app[ROSTER].run(), name="discover-models"),
-        asyncio.create_task(app[LIVE].run(apply_config=lambda c: apply_config(app, c),
-                                          golden_changed=lambda models: golden_changed(app, models)),
-                            name="reload-files"),
+        spawn(app[WATCH].run, kind="triton_watch", name="triton-watch", metrics=metrics),
+        spawn(app[ROSTER].run, kind="discovery", name="discover-models", metrics=metrics),
+        spawn(reload_files, kind="reload", name="reload-files", metrics=metrics),
     ]
-    for task in tasks:
-        task.add_done_callback(_log_crash)
     yield
     await app[HEALER].close()
     for task in tasks:
@@ -210,20 +215,15 @@ async def _monitors(app: web.Application) -> AsyncIterator[None]:
 
 
 def _reload_references(watch: ReferenceWatch) -> Callable[[web.Application], AsyncIterator[None]]:
-    """The drift reference files' reload loop, started with the app and cancelled at exit."""
+    """The drift reference files' reload loop, started with the app (restarted after a crash) and
+    cancelled at exit."""
     async def run(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(watch.run(), name="reload-drift-references")
-        task.add_done_callback(_log_crash)
+        task = spawn(watch.run, kind="reload", name="reload-drift-references", metrics=app[METRICS])
         yield
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
     return run
-
-
-def _log_crash(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("background_task_crashed", task=task.get_name(), cause=repr(task.exception()))
 
 
 def apply_config(app: web.Application, config: SidecarConfig) -> None:
@@ -232,16 +232,15 @@ def apply_config(app: web.Application, config: SidecarConfig) -> None:
     app[SERVING].reconfigure(config)
     app[STATES].reconfigure(failure_threshold=config.probes.failure_threshold,
                             success_threshold=config.probes.success_threshold)
-    app[PROBER].reconfigure(config.probes)
+    app[PROBER].reconfigure(config.probes)  # the supervisors read the live config themselves
     app[WATCH].reconfigure(config.probes)
     app[HEALER].reconfigure(config.healing)
     app[ROSTER].sync_soon()  # `models` may have changed
 
 
 def golden_changed(app: web.Application, models: Sequence[str]) -> None:
-    """New cases count from the next round, which starts now: a case that fails on the running
-    model is found within seconds, not one interval later."""
+    """New cases: the serving core forgets what it derived from the old ones, and each model's
+    supervisor runs its next round now."""
     for model in models:
         app[SERVING].forget_model(model)  # its output policy depends on the cases (NaN expected?)
-        app[PROBER].probe_soon(model)
     app[ROSTER].golden_changed(models)

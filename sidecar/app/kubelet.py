@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
+from typing import Any
 
 import aiohttp
 import structlog
@@ -17,12 +17,15 @@ from sidecar.fronts.appkeys import (
     LIVE,
     METRICS,
     PROBER,
+    ROSTER,
     SERVING,
     STATES,
     UPSTREAM,
     WATCH,
 )
 from sidecar.health.reload import LiveConfig
+from sidecar.health.supervisor import ModelSupervisor
+from sidecar.health.tasks import CrashRecord
 
 log = structlog.get_logger("sidecar.app")
 
@@ -38,11 +41,22 @@ def liveness_problems(app: web.Application) -> list[str]:
         problems.append(f"Triton not live for {down_for:.0f} s (grace {grace:g} s): {watch.detail}")
     for model in app[STATES].failed():
         problems.append(f"model {model} FAILED: {app[STATES].get(model).cause}")  # type: ignore[union-attr]
-    now = time.monotonic()
-    stalled = max(now - watch.last_tick, now - app[PROBER].last_tick if len(app[STATES]) else 0.0)
-    if stalled > config.liveness.watchdog_stall_s:
-        problems.append(f"probe loop stalled: no probe finished for {stalled:.0f} s")
+    stall_s = config.liveness.watchdog_stall_s
+    watch_stalled = app[STATES].now() - watch.last_tick
+    if watch_stalled > stall_s:
+        problems.append(f"Triton watch stalled: no check finished for {watch_stalled:.0f} s")
+    for supervisor in app[ROSTER].supervisors:
+        stalled = supervisor.stalled_for()
+        if stalled > stall_s:
+            problems.append(f"model {supervisor.model}: probe loop stalled: no probe round completed for "
+                            f"{stalled:.0f} s (bound {stall_s:g} s){_crashes(supervisor.crashes)}")
     return problems
+
+
+def _crashes(record: CrashRecord) -> str:
+    if not record.in_a_row:
+        return ""
+    return f"; it crashed {record.in_a_row} time(s) in a row, last: {record.last_error}"
 
 
 def readiness_problems(app: web.Application) -> list[str]:
@@ -85,12 +99,14 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def status(request: web.Request) -> web.Response:
     app = request.app
-    clock_now = time.monotonic()
-    prober, healer, watch, live = app[PROBER], app[HEALER], app[WATCH], app[LIVE]
+    clock_now = app[STATES].now()
+    prober, healer, watch, live, supervisors = app[PROBER], app[HEALER], app[WATCH], app[LIVE], app[ROSTER].supervisors
+    stall_s = live.config.liveness.watchdog_stall_s
     drift = app[SERVING].drift
     models = {}
     for health in app[STATES]:
         record = prober.records.get(health.model)
+        supervisor = supervisors.get(health.model)
         probes = {}
         if record is not None:
             probes = {key: {"ok": r.ok, "result": r.result, "duration_ms": round(r.duration_s * 1000, 2),
@@ -102,8 +118,8 @@ async def status(request: web.Request) -> web.Response:
             "consecutive_failures": health.consecutive_failures,
             # While quarantined for some versions only: those; the others are still served.
             "broken_versions": sorted(health.broken_versions),
-            "golden_cases": len(prober.cases_for(health.model)),
-            "without_golden": not prober.cases_for(health.model),
+            "golden_cases": len(live.golden.cases_for(health.model)),
+            "without_golden": not live.golden.cases_for(health.model),
             "golden_loaded_at": _iso(live.golden.loaded_at.get(health.model)),
             "golden_refused": _refusal(live, health.model),
             "probe_rounds": record.rounds if record else 0,
@@ -114,6 +130,9 @@ async def status(request: web.Request) -> web.Response:
             "healing": healer.is_healing(health.model),
             # Advisory, under its own key: drift never changes the model's state or its serving.
             "drift": drift.status(health.model),
+            # A failed round is being confirmed at once (sidecar.health.supervisor).
+            "suspect": health.suspect,
+            "supervisor": _supervisor_status(supervisor, stall_s) if supervisor is not None else None,
         }
     body = {
         "live": not liveness_problems(app),
@@ -126,6 +145,13 @@ async def status(request: web.Request) -> web.Response:
         "models": models,
     }
     return web.json_response(body)
+
+
+def _supervisor_status(supervisor: ModelSupervisor, stall_s: float) -> dict[str, Any]:
+    stalled_for = supervisor.stalled_for()
+    return {"last_round_s_ago": round(stalled_for, 1), "stalled": stalled_for > stall_s,
+            "crashes": supervisor.crashes.crashes, "crashes_in_a_row": supervisor.crashes.in_a_row,
+            "last_crash": supervisor.crashes.last_error or None}
 
 
 def _iso(wall: float | None) -> str | None:

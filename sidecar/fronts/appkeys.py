@@ -53,10 +53,6 @@ WATCH = web.AppKey("watch", TritonWatch)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 
 
-#: Golden cases by model name: the mapping a reload updates (LIVE.golden.cases), one tuple per model.
-GOLDEN = web.AppKey("golden", dict)
-
-
 #: One pooled HTTP session to Triton for documents (metadata, config, readiness) and metrics scrapes.
 UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
 

@@ -3,7 +3,10 @@ wait until it is ready, and prove it with its golden requests.
 
 A plain `load` of a loaded, unchanged model is a no-op in Triton (it does not restart a dead python
 stub), hence unload first. One heal per model at a time; different models heal concurrently up to
-`healing.max_concurrent`. A model whose fault returns after every heal (flapping) goes FAILED.
+`healing.max_concurrent`. A model whose fault returns after every heal (flapping) is given up on.
+
+The healer writes no model state: `heal` returns a `HealOutcome` and the model's supervisor
+(sidecar.health.supervisor) moves the state. Every time is read from the injected clock.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 import collections
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import structlog
 
@@ -20,7 +24,6 @@ from sidecar.health.probe_round import RoundResult
 from sidecar.health.triton_client import TritonClient
 from sidecar.metrics import SidecarMetrics
 from sidecar.protocol.triton_errors import TritonError, TritonUnavailable
-from sidecar.states import ModelState, ModelStates
 
 log = structlog.get_logger("sidecar.healer")
 
@@ -38,43 +41,51 @@ class HealStepFailed(Exception):
     """One step of a heal attempt failed; the message says which and why."""
 
 
+@dataclass(frozen=True)
+class HealOutcome:
+    """How a heal episode ended: healed (the model serves again) or given up (FAILED), and why."""
+
+    healed: bool
+    cause: str
+
+
 class Healer:
     def __init__(
         self,
         *,
         triton: TritonClient,
-        states: ModelStates,
         settings: HealingSection,
         metrics: SidecarMetrics,
         verify: Callable[[str], Awaitable[RoundResult]],
         unanswered_for: Callable[[str], float | None] = lambda model: None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._triton = triton
-        self._states = states
+        self._clock = clock
         self._settings = settings
         self._metrics = metrics
         self._verify = verify
         self._unanswered_for = unanswered_for
         self._sleep = sleep
         self._limit = asyncio.Semaphore(settings.max_concurrent)
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks: dict[str, asyncio.Task[HealOutcome]] = {}
         self._recent_heals: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
         self.attempts: dict[str, int] = collections.Counter()
         self.last_heal_s: dict[str, float] = {}
         self.accepting = True
-        #: time.monotonic() when Triton last declared each model's stub dead (StubUnhealthy), to
+        #: clock() when Triton last declared each model's stub dead (StubUnhealthy), to
         #: probes or to live traffic.
         self._stub_dead_at: dict[str, float] = {}
 
     def note_stub_dead(self, model: str) -> None:
         """Triton said the model's stub process died: its instance will never finish unloading."""
-        self._stub_dead_at[model] = time.monotonic()
+        self._stub_dead_at[model] = self._clock()
 
     def _unload_cannot_finish(self, model: str) -> str | None:
         """Why waiting for this model's unload is pointless, or None. Triton unloads an instance only
         once its requests are done: a dead stub's never are, and neither are a hung execute()'s."""
-        if time.monotonic() - self._stub_dead_at.get(model, float("-inf")) <= RECENT_ERROR_S:
+        if self._clock() - self._stub_dead_at.get(model, float("-inf")) <= RECENT_ERROR_S:
             return "Triton declared the stub process dead: its instance never finishes unloading, and holds no memory"
         waited = self._unanswered_for(model)
         if waited is not None:
@@ -102,14 +113,21 @@ class Healer:
         task = self._tasks.get(model)
         return task is not None and not task.done()
 
-    def request_heal(self, model: str) -> None:
-        """Start a heal episode for the model unless one runs already (never two at once)."""
-        if not self._settings.enabled or not self.accepting or self.is_healing(model):
-            return
-        health = self._states.get(model)
-        if health is None or health.state is ModelState.FAILED:
-            return
-        self._tasks[model] = asyncio.create_task(self._episode(model), name=f"heal:{model}")
+    @property
+    def allowed(self) -> bool:
+        """Heals may start: healing is enabled and the sidecar is not draining."""
+        return self._settings.enabled and self.accepting
+
+    def start_heal(self, model: str, cause: str) -> asyncio.Task[HealOutcome]:
+        """A heal episode for the model, as a task of its own so that draining can wait for it and
+        stopping can cancel it; the caller (the model's supervisor) awaits its outcome. Never two
+        at once for one model: the running one is returned."""
+        running = self._tasks.get(model)
+        if running is not None and not running.done():
+            return running
+        task = asyncio.create_task(self._episode(model, cause), name=f"heal:{model}")
+        self._tasks[model] = task
+        return task
 
     async def wait_idle(self, timeout_s: float) -> None:
         """Let running heals finish (used while draining); they are cancelled after that."""
@@ -124,14 +142,12 @@ class Healer:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _episode(self, model: str) -> None:
-        cause = self._states.get(model).cause  # type: ignore[union-attr]
-        self._states.apply(model, lambda h, now: h.heal_started(f"healing after: {cause}", now))
+    async def _episode(self, model: str, cause: str) -> HealOutcome:
         try:
-            await self._attempts(model, cause)
+            return await self._attempts(model, cause)
         except Exception as e:  # the episode must end; a model left HEALING is never probed again
             self._count_error(model, e, where="heal episode")
-            self._escalate(model, f"healing stopped by an unexpected {type(e).__name__}: {e}")
+            return self._escalate(model, f"healing stopped by an unexpected {type(e).__name__}: {e}")
 
     def _count_error(self, model: str, e: Exception, *, where: str) -> None:
         """An exception no step foresaw (a bug, or an answer nobody expected): logged with its traceback
@@ -139,7 +155,7 @@ class Healer:
         self._metrics.heal_errors.labels(model=model).inc()
         log.error("heal_error", model=model, where=where, error=type(e).__name__, cause=str(e)[:300], exc_info=e)
 
-    async def _attempts(self, model: str, cause: str) -> None:
+    async def _attempts(self, model: str, cause: str) -> HealOutcome:
         backoff = self._settings.backoff_initial_s
         error: str | None = cause
         async with self._limit:
@@ -147,37 +163,36 @@ class Healer:
                 self.attempts[model] += 1
                 error = await self._attempt(model, attempt)
                 if error is None:
-                    self._after_success(model, attempt)
-                    return
+                    return self._after_success(model, attempt)
                 if attempt < self._settings.max_attempts:
                     log.warning("heal_retry_scheduled", model=model, attempt=attempt, backoff_s=backoff, cause=error)
                     await self._sleep(backoff)
                     backoff = min(backoff * 2, self._settings.backoff_max_s)
-        self._escalate(model, f"healing exhausted after {self._settings.max_attempts} attempts; last: {error}")
+        return self._escalate(model, f"healing exhausted after {self._settings.max_attempts} attempts; "
+                                     f"last: {error}")
 
-    def _escalate(self, model: str, cause: str) -> None:
+    def _escalate(self, model: str, cause: str) -> HealOutcome:
         """Give up on the model: FAILED fails /healthz, so the kubelet restarts the pod."""
         self._metrics.escalations.labels(model=model).inc()
         log.error("model_escalated", model=model, cause=cause)
-        self._states.apply(model, lambda h, now: h.fail(cause, now))
+        return HealOutcome(healed=False, cause=cause)
 
-    def _after_success(self, model: str, attempt: int) -> None:
+    def _after_success(self, model: str, attempt: int) -> HealOutcome:
         self._stub_dead_at.pop(model, None)  # that verdict was about the instance just replaced
-        now = time.monotonic()
+        now = self._clock()
         recent = self._recent_heals[model]
         recent.append(now)
         while recent and now - recent[0] > self._settings.flap_window_s:
             recent.popleft()
         if len(recent) > self._settings.flap_max_heals:
-            self._escalate(model, f"flapping: healed {len(recent)} times within {self._settings.flap_window_s:g} s;"
-                                  " the fault returns after every reload")
-            return
-        self._states.apply(model, lambda h, t: h.heal_succeeded(
-            f"healed by unload and reload (attempt {attempt}), golden requests pass", t))
+            return self._escalate(model, f"flapping: healed {len(recent)} times within "
+                                         f"{self._settings.flap_window_s:g} s; the fault returns after every reload")
+        return HealOutcome(healed=True,
+                           cause=f"healed by unload and reload (attempt {attempt}), golden requests pass")
 
     async def _attempt(self, model: str, attempt: int) -> str | None:
         """One unload -> load -> verify; None on success, else what went wrong."""
-        started = time.perf_counter()
+        started = self._clock()
         log.info("heal_attempt_started", model=model, attempt=attempt)
         try:
             await self._unload(model)
@@ -190,7 +205,7 @@ class Healer:
             error = f"unexpected {type(e).__name__} while healing: {str(e)[:200]}"
         else:
             error = None
-        duration = time.perf_counter() - started
+        duration = self._clock() - started
         self.last_heal_s[model] = duration
         result = "success" if error is None else "failure"
         self._metrics.heal_attempts.labels(model=model, result=result).inc()
@@ -203,27 +218,27 @@ class Healer:
         return error
 
     async def _unload(self, model: str) -> None:
-        step = time.perf_counter()
+        step = self._clock()
         try:
             await self._triton.unload_model(model, timeout_s=self._settings.unload_timeout_s)
         except (TritonError, TritonUnavailable) as e:
             # Someone else may have unloaded it already; then there is nothing to wait for.
             if not await self._is_gone(model):
                 raise HealStepFailed(f"unload refused: {e}") from e
-            log.info("heal_unloaded", model=model, duration_ms=_ms(step), cause="was not loaded")
+            log.info("heal_unloaded", model=model, duration_ms=self._ms(step), cause="was not loaded")
             return
-        log.info("heal_unload_sent", model=model, duration_ms=_ms(step))
-        deadline = time.monotonic() + self._settings.unload_timeout_s
+        log.info("heal_unload_sent", model=model, duration_ms=self._ms(step))
+        deadline = self._clock() + self._settings.unload_timeout_s
         while True:
             # Asked at every poll: Triton's verdict on a dead stub may arrive while the unload runs.
             hopeless = self._unload_cannot_finish(model)
             if hopeless is not None:
-                log.info("heal_unload_not_awaited", model=model, duration_ms=_ms(step), cause=hopeless)
+                log.info("heal_unload_not_awaited", model=model, duration_ms=self._ms(step), cause=hopeless)
                 return
             if await self._is_gone(model):
-                log.info("heal_unloaded", model=model, duration_ms=_ms(step))
+                log.info("heal_unloaded", model=model, duration_ms=self._ms(step))
                 return
-            if time.monotonic() >= deadline:
+            if self._clock() >= deadline:
                 break
             await self._sleep(POLL_INTERVAL_S)
         # On Triton 2.51 an instance whose stub died (after requests reached it) or hangs in
@@ -242,30 +257,28 @@ class Healer:
         return all(s not in ("READY", "UNLOADING", "LOADING") for s in states)
 
     async def _load(self, model: str) -> None:
-        step = time.perf_counter()
+        step = self._clock()
         log.info("heal_load_sent", model=model)
         try:
             await self._triton.load_model(model, timeout_s=self._settings.load_timeout_s)
         except (TritonError, TritonUnavailable) as e:
             raise HealStepFailed(f"load failed: {e}") from e
-        deadline = time.monotonic() + self._settings.load_timeout_s
-        while time.monotonic() < deadline:
+        deadline = self._clock() + self._settings.load_timeout_s
+        while self._clock() < deadline:
             try:
                 if await self._triton.model_ready(model):
-                    log.info("heal_ready", model=model, duration_ms=_ms(step))
+                    log.info("heal_ready", model=model, duration_ms=self._ms(step))
                     return
             except (TritonError, TritonUnavailable):
                 pass
             await self._sleep(POLL_INTERVAL_S)
         raise HealStepFailed(f"not ready {self._settings.load_timeout_s:g} s after load")
 
+    def _ms(self, since: float) -> float:
+        return round((self._clock() - since) * 1000, 1)
+
     async def _check_golden(self, model: str) -> None:
         result = await self._verify(model)
         if not result.ok:
             raise HealStepFailed(f"reloaded, but {result.cause}")
         log.info("heal_verified", model=model, duration_ms=round(result.duration_s * 1000, 1))
-
-
-def _ms(since: float) -> float:
-    return round((time.perf_counter() - since) * 1000, 1)
-

@@ -6,11 +6,15 @@ once per probe interval, so a model a pipeline loads after start is probed, prox
 within one interval. A guarded model that is no longer READY is healed like any broken model while
 it has golden files; without golden files it is taken as unloaded on purpose by its owner and
 released instead of reloaded (deleting a model's golden files is how an owner says "I retire it").
+
+Each guarded model has one `ModelSupervisor`, run as a supervised task (crash logged, counted,
+restarted with backoff): the roster starts and stops them, and hands them their events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 
 import structlog
@@ -19,6 +23,8 @@ from sidecar.config import SidecarConfig
 from sidecar.golden.cases import GoldenCase
 from sidecar.health.healer import Healer
 from sidecar.health.prober import Prober
+from sidecar.health.supervisor import UNLOADED_ON_PURPOSE, ModelSupervisor, ProbeSoon, Supervisors
+from sidecar.health.tasks import supervise
 from sidecar.health.triton_client import TritonClient
 from sidecar.metrics import SidecarMetrics
 from sidecar.protocol.triton_errors import TritonError, TritonUnavailable
@@ -32,7 +38,7 @@ DISCOVERY_RETRY_S = 1.0
 
 
 class Roster:
-    """The guarded models and their probe loops: one task per model, started and ended here."""
+    """The guarded models and their supervisors: one supervised task per model, started and ended here."""
 
     def __init__(
         self,
@@ -45,6 +51,8 @@ class Roster:
         config: Callable[[], SidecarConfig],
         cases_for: Callable[[str], Sequence[GoldenCase]],
         forget: Callable[[str], None],
+        supervisors: Supervisors,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._triton = triton
         self._states = states
@@ -54,9 +62,9 @@ class Roster:
         self._config = config
         self._cases_for = cases_for
         self._forget = forget
+        self._clock = clock
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        #: Models without golden files whose release-or-heal is being decided (one task each).
-        self._deciding: dict[str, asyncio.Task[None]] = {}
+        self.supervisors = supervisors
         self._wake = asyncio.Event()
         #: True once the first list of models is known (discovery answered, or the config's list).
         self.discovered = False
@@ -69,35 +77,13 @@ class Roster:
         """Look again now (a config reload may have changed `models`)."""
         self._wake.set()
 
-    def unhealthy(self, model: str) -> None:
-        """The prober judged the model UNHEALTHY. Heal it, unless it has no golden files and Triton
-        no longer has it READY: its owner unloaded it, and that must be found out before a heal
-        reloads it (the periodic sync alone would race the heal)."""
-        if self._cases_for(model) or self._config().models:
-            self._healer.request_heal(model)
-            return
-        if model in self._deciding:
-            return  # every UNHEALTHY round calls here; one decision is enough
-        # A task of its own: releasing ends the model's probe loop, which is where this call came from.
-        task = asyncio.create_task(self._release_or_heal(model), name=f"unhealthy:{model}")
-        self._deciding[model] = task
-        task.add_done_callback(lambda _t: self._deciding.pop(model, None))
-
-    async def _release_or_heal(self, model: str) -> None:
-        try:
-            index = await self._triton.repository_index()
-        except (TritonUnavailable, TritonError):
-            index = None  # cannot tell: heal, as for any model
-        if index is not None and not any(e.get("name") == model and e.get("state") == "READY" for e in index):
-            await self.release(model, "no longer READY in Triton and has no golden files: "
-                                      "taken as unloaded on purpose, not reloaded")
-            return
-        self._healer.request_heal(model)
-
     def golden_changed(self, models: Sequence[str]) -> None:
+        """New cases count from the next round, which starts now: a case that fails on the running
+        model is found within milliseconds, not one interval later."""
         for model in models:
             if model in self._tasks:
                 self._flag_golden(model)
+                self.supervisors.tell(model, ProbeSoon("golden files changed"))
 
     async def run(self) -> None:
         """Sync at once, then every probe interval (every DISCOVERY_RETRY_S while Triton is silent)."""
@@ -132,8 +118,7 @@ class Roster:
             ready = {entry["name"] for entry in index if entry.get("state") == "READY" and entry.get("name")}
             for model in sorted(set(self._tasks) - ready):
                 if self._unloaded_on_purpose(model):
-                    await self.release(model, "no longer READY in Triton and has no golden files: "
-                                              "taken as unloaded on purpose, not reloaded")
+                    await self.release(model, UNLOADED_ON_PURPOSE)
             wanted = sorted(ready)
         for model in wanted:
             if model not in self._tasks:
@@ -161,14 +146,24 @@ class Roster:
                               "are probed")
         if self.discovered:
             log.info("model_guarded", model=model, golden_cases=cases)
-        task = asyncio.create_task(self._prober.run_model(model), name=f"probe:{model}")
-        task.add_done_callback(_log_crash)
-        self._tasks[model] = task
+        supervisor = ModelSupervisor(model, states=self._states, prober=self._prober, healer=self._healer,
+                                     triton=self._triton, metrics=self._metrics, config=self._config,
+                                     cases_for=self._cases_for, clock=self._clock)
+        self.supervisors.add(supervisor)
+        self._tasks[model] = asyncio.create_task(self._supervised(supervisor), name=f"supervisor:{model}")
+
+    async def _supervised(self, supervisor: ModelSupervisor) -> None:
+        """The model's supervisor, restarted after each crash; released when it decides so."""
+        release = await supervise(supervisor.run, kind="supervisor", name=f"supervisor:{supervisor.model}",
+                                  metrics=self._metrics, record=supervisor.crashes, clock=self._clock)
+        if release is not None:
+            await self.release(supervisor.model, release)
 
     async def release(self, model: str, cause: str) -> None:
-        """Stop guarding: its probe loop and heal end, its state and gauges go, the proxy answers 404."""
+        """Stop guarding: its supervisor and heal end, its state and gauges go, the proxy answers 404."""
         task = self._tasks.pop(model, None)
-        if task is not None:
+        self.supervisors.remove(model)
+        if task is not None and task is not asyncio.current_task():  # the supervisor may release itself
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         await self._healer.forget(model)
@@ -182,13 +177,8 @@ class Roster:
         self._metrics.model_without_golden.labels(model=model).set(0 if self._cases_for(model) else 1)
 
     async def close(self) -> None:
-        tasks = [*self._tasks.values(), *self._deciding.values()]
+        tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _log_crash(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("background_task_crashed", task=task.get_name(), cause=repr(task.exception()))
 

@@ -22,7 +22,7 @@ from sidecar.serving.admission import Admission
 from sidecar.serving.breaker import Breaker
 from sidecar.serving.drift import DriftMonitor, Tensor
 from sidecar.serving.filtering import IsHidden, OutputFilter, ResponseFormatError
-from sidecar.serving.passive_signals import PassiveSignals
+from sidecar.serving.passive_signals import HealthEvents, PassiveSignals
 from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
 from sidecar.serving.request_rules import RequestRules, load_schemas
 from sidecar.serving.specs import FetchDocument, SpecCache
@@ -80,9 +80,8 @@ class ServingCore:
 
     def __init__(self, config: SidecarConfig, *, states: ModelStates, metrics: SidecarMetrics,
                  fetch_document: FetchDocument, cases_for: Callable[[str], Sequence[GoldenCase]],
-                 note_stub_dead: Callable[[str], None], probe_soon: Callable[[str], None],
-                 mark_unreachable: Callable[[str], None],
-                 rules: Mapping[str, RequestRules] | None = None, drift: DriftMonitor | None = None) -> None:
+                 events: HealthEvents, rules: Mapping[str, RequestRules] | None = None,
+                 drift: DriftMonitor | None = None) -> None:
         self.config = config
         self.settings = config.proxy
         self.filter = OutputFilter(config.filtering.rules)
@@ -93,14 +92,14 @@ class ServingCore:
         self.specs = SpecCache(fetch=fetch_document, states=states, limits=Limits.from_settings(config.validation),
                                output_filter=self.filter, rules=rules, retry_after_s=config.proxy.retry_after_s)
         self.signals = PassiveSignals(states=states, failure_threshold=config.proxy.passive_failure_threshold,
-                                      note_stub_dead=note_stub_dead, probe_soon=probe_soon)
+                                      events=events)
         self.telemetry = RequestTelemetry(metrics=metrics,
                                           access_log_sample_rate=config.logging.access_log_sample_rate)
         #: Models without a reference cost one set lookup per request (`DriftMonitor.wants`).
         self.drift = drift if drift is not None else DriftMonitor(
             config.drift, {}, count_nan=not config.validation.reject_non_finite)
         self._cases_for = cases_for
-        self._mark_unreachable = mark_unreachable
+        self._events = events
         self._breakers: dict[str, Breaker] = {}
         self._policies: dict[str, OutputPolicy] = {}
 
@@ -213,7 +212,7 @@ class ServingCore:
     def upstream_refusal(self, model: str, failure: UpstreamFailure, *, signal: bool = True) -> Refusal:
         """The refusal for a call to Triton that gave no usable answer, and the signal it sends."""
         if failure.kind is FailureKind.UNREACHABLE:
-            self._mark_unreachable(f"proxied request could not connect: {cut(failure.detail, 160)}")
+            self._events.triton_unreachable(f"proxied request could not connect: {cut(failure.detail, 160)}")
             return Refusal(Reason.TRITON_UNREACHABLE, "Triton is unreachable from the sidecar", model=model,
                            retry_after=self.settings.retry_after_s, before_triton=False)
         extra: dict[str, int] = {}

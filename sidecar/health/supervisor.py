@@ -1,0 +1,313 @@
+"""One model's supervisor: the only writer of the model's state, as a Kubernetes controller's
+reconcile loop is of its object.
+
+Each pass (`reconcile`) runs one probe round, applies it to the state machine, and when the model is
+UNHEALTHY decides: release it (no golden files and Triton no longer has it READY: its owner unloaded
+it on purpose) or heal it (the healer's unload, load and verify, awaited here; the outcome is applied
+here). Everything else reaches the supervisor as an event on its queue (`tell`): passive signals from
+traffic and changed golden files bring the next round forward, Triton's late verdict on a golden
+request is a final failure, a dead stub seen by traffic is a fact the healer needs at once.
+
+Schedule: rounds start every `probes.interval_s` (± jitter), start to start. A failed round is
+confirmed at once: the next round starts after a few milliseconds, not an interval, so a model
+crosses `failure_threshold` (consecutive failed rounds) within the time its probes take; while that
+confirmation runs the model is flagged SUSPECT (`ModelStates.set_suspect`). A passing confirmation
+returns to the normal schedule.
+
+Heartbeat: `last_round_at` is the clock time of the last completed pass (and, during a heal, of the
+last check that the heal still runs): a supervisor that has not completed one for
+`liveness.watchdog_stall_s` (stuck, or crashing at every round) fails /healthz with the model named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from sidecar.config import SidecarConfig
+from sidecar.golden.cases import GoldenCase
+from sidecar.health.healer import Healer, HealOutcome
+from sidecar.health.probe_round import RoundResult
+from sidecar.health.prober import Prober
+from sidecar.health.tasks import CrashRecord
+from sidecar.health.triton_client import TritonClient
+from sidecar.metrics import SidecarMetrics
+from sidecar.protocol.triton_errors import StubUnhealthy, TritonError, TritonUnavailable
+from sidecar.states import ModelHealth, ModelState, ModelStates
+
+log = structlog.get_logger("sidecar.probes")
+
+
+#: Longest delay (s) before a confirmation round: a few milliseconds of jitter so that models that
+#: failed together (Triton busy) do not confirm in lockstep; short against any probe interval.
+CONFIRM_JITTER_MAX_S = 0.01
+
+
+#: Release cause for a model its owner unloaded (no golden files, no longer READY in Triton).
+UNLOADED_ON_PURPOSE = ("no longer READY in Triton and has no golden files: taken as unloaded on purpose, "
+                       "not reloaded")
+
+
+@dataclass(frozen=True)
+class ProbeSoon:
+    """Run the next round now (passive signal from traffic, golden files changed)."""
+
+    cause: str
+
+
+@dataclass(frozen=True)
+class LateVerdict:
+    """Triton declared the stub dead in answer to a golden request whose probe had given up."""
+
+    error: StubUnhealthy
+
+
+@dataclass(frozen=True)
+class StubDead:
+    """Traffic was told by Triton that the model's stub died."""
+
+
+Event = ProbeSoon | LateVerdict | StubDead
+
+
+class ModelSupervisor:
+    """Owns one model's state: runs its probe rounds, decides heal or release, hears its events."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        states: ModelStates,
+        prober: Prober,
+        healer: Healer,
+        triton: TritonClient,
+        metrics: SidecarMetrics,
+        config: Callable[[], SidecarConfig],
+        cases_for: Callable[[str], Sequence[GoldenCase]],
+        clock: Callable[[], float],
+        rng: random.Random | None = None,
+    ) -> None:
+        self.model = model
+        self._states = states
+        self._prober = prober
+        self._healer = healer
+        self._triton = triton
+        self._metrics = metrics
+        self._config = config
+        self._cases_for = cases_for
+        self._clock = clock
+        self._rng = rng or random.Random()  # noqa: S311 - schedule jitter, not secrets
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self.crashes = CrashRecord()
+        #: clock() of the last completed pass: the watchdog's per-model heartbeat. Starts at creation,
+        #: so the first round (a model still loading) has the whole stall bound.
+        self.last_round_at = clock()
+        #: The last round failed and the next one confirms it at once.
+        self.confirming = False
+
+    # -- events -----------------------------------------------------------------------------------------
+
+    def tell(self, event: Event) -> None:
+        """An event for this model. A dead stub is noted for the healer at once, not queued: a heal
+        under way polls it to stop waiting for an unload that never finishes."""
+        if isinstance(event, StubDead | LateVerdict):
+            self._healer.note_stub_dead(self.model)
+        if not isinstance(event, StubDead):
+            self._events.put_nowait(event)
+
+    def _handle(self, event: Event) -> bool:
+        """Apply one queued event; True when the next pass should start now."""
+        if isinstance(event, LateVerdict):
+            health = self._health()
+            if health.state in (ModelState.HEALING, ModelState.FAILED):
+                return False  # about an instance a heal replaces anyway (noted for the healer by tell)
+            error = event.error
+            self._failed(f"golden request, answered late: Triton answered {error.status}: {error.message}",
+                         final=True)
+            return True
+        return isinstance(event, ProbeSoon)
+
+    def _discard_events(self) -> None:
+        """Events queued during a heal were about the instance it replaced."""
+        while not self._events.empty():
+            self._events.get_nowait()
+
+    # -- the loop ---------------------------------------------------------------------------------------
+
+    async def run(self) -> str | None:
+        """Reconcile until cancelled; returns the cause when the model is to be released, None when
+        its heal was stopped from outside (the sidecar is stopping)."""
+        self._states.apply(self.model, lambda h, now: h.begin_warmup(now))
+        # Spread the first rounds too, so 100 models don't all fire at start-up.
+        probes = self._config().probes
+        await self.wait(self._rng.uniform(0, probes.interval_s * probes.jitter))
+        while True:
+            started = self._clock()
+            release = await self.reconcile()
+            if release is not None:
+                return release or None
+            self.beat()
+            await self.wait(self.next_delay(started))
+
+    def beat(self) -> None:
+        """A pass completed: the heartbeat moves and any crash streak is over."""
+        self.last_round_at = self._clock()
+        self.crashes.recovered()
+
+    def stalled_for(self) -> float:
+        """Seconds since the last completed pass."""
+        return self._clock() - self.last_round_at
+
+    def next_delay(self, started: float) -> float:
+        """Seconds until the next pass: at once (a few ms) to confirm a failed round, else the rest
+        of the interval, start to start (a slow round does not stretch the time to detect)."""
+        if self.confirming:
+            return self._rng.uniform(0, min(CONFIRM_JITTER_MAX_S, self._config().probes.interval_s / 10))
+        probes = self._config().probes
+        wait = probes.interval_s * self._rng.uniform(1 - probes.jitter, 1 + probes.jitter)
+        return max(0.0, wait - (self._clock() - started))
+
+    async def wait(self, seconds: float) -> None:
+        """Sleep `seconds`, handling events as they come; ends early on an event that asks to."""
+        deadline = self._clock() + seconds
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, deadline - self._clock())):
+                    event = await self._events.get()
+            except TimeoutError:
+                return
+            if self._handle(event):
+                return
+
+    async def reconcile(self) -> str | None:
+        """One pass: probe (unless the model is already judged), then heal or release an UNHEALTHY
+        model. Returns a release cause, "" when a heal was stopped from outside, else None."""
+        if self._health().state is ModelState.FAILED:
+            return None  # terminal until a restart: nothing to probe or heal
+        if not (self._health().state is ModelState.UNHEALTHY and self._healer.allowed):
+            self.apply_round(await self._prober.run_round(self.model))
+        if self._health().state is not ModelState.UNHEALTHY or not self._healer.allowed:
+            return None
+        if await self.unloaded_on_purpose():
+            return UNLOADED_ON_PURPOSE
+        outcome = await self._heal()
+        return "" if outcome is None else None
+
+    # -- judging a round --------------------------------------------------------------------------------
+
+    def apply_round(self, result: RoundResult) -> None:
+        """A round's verdict on the state machine, and whether it needs confirming."""
+        if not result.conclusive:
+            # Triton itself is down: the liveness grace handles that, not the healer; and
+            # confirming at once would only spin against a server that does not answer.
+            self.confirming = False
+            self._states.set_suspect(self.model, False)
+            return
+        health = self._health()
+        if result.versions:
+            health.default_version = result.default_version
+        if result.ok:
+            self._states.apply(self.model, lambda h, now: h.probe_passed(now))
+            self._judged()
+            return
+        failed = next(r for r in result.results if not r.ok)
+        log.warning("probe_failed", model=self.model, probe=failed.probe, case=failed.case or None,
+                    final=result.final, cause=result.cause, duration_ms=round(failed.duration_s * 1000, 1))
+        self._failed(result.cause, final=result.final, versions=result.broken_versions)
+
+    def _failed(self, cause: str, *, final: bool, versions: frozenset[str] = frozenset()) -> None:
+        if final:
+            self._healer.note_stub_dead(self.model)
+        self._states.apply(self.model, lambda h, now: h.probe_failed(cause, now, final=final, versions=versions))
+        self._judged()
+
+    def _judged(self) -> None:
+        health = self._health()
+        self._metrics.consecutive_failures.labels(model=self.model).set(health.consecutive_failures)
+        self.confirming = health.consecutive_failures > 0 and not health.state.quarantined
+        if self.confirming and not health.suspect:
+            log.info("probe_confirming", model=self.model, consecutive_failures=health.consecutive_failures,
+                     failure_threshold=health.failure_threshold)
+        self._states.set_suspect(self.model, self.confirming)
+
+    # -- heal or release --------------------------------------------------------------------------------
+
+    async def unloaded_on_purpose(self) -> bool:
+        """An UNHEALTHY model without golden files that Triton no longer has READY was unloaded by its
+        owner (deleting a model's golden files is how an owner retires it): release, do not reload.
+        Asked here, before a heal, because the roster's periodic look would race the heal's reload."""
+        if self._cases_for(self.model) or self._config().models:
+            return False
+        try:
+            index = await self._triton.repository_index()
+        except (TritonUnavailable, TritonError):
+            return False  # cannot tell: heal, as for any model
+        return not any(e.get("name") == self.model and e.get("state") == "READY" for e in index)
+
+    async def _heal(self) -> HealOutcome | None:
+        """Heal and apply the outcome; None when the heal was stopped from outside."""
+        cause = self._health().cause
+        self._states.apply(self.model, lambda h, now: h.heal_started(f"healing after: {cause}", now))
+        task = self._healer.start_heal(self.model, cause)
+        try:
+            while True:
+                # A heal takes up to minutes (load_timeout_s): progress, not a stall, while it runs.
+                done, _ = await asyncio.wait({task}, timeout=self._config().probes.interval_s)
+                if done:
+                    break
+                self.beat()
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if task.cancelled():
+            return None
+        outcome = task.result()
+        self._discard_events()
+        if outcome.healed:
+            self._states.apply(self.model, lambda h, now: h.heal_succeeded(outcome.cause, now))
+        else:
+            self._states.apply(self.model, lambda h, now: h.fail(outcome.cause, now))
+        self._judged()
+        return outcome
+
+    def _health(self) -> ModelHealth:
+        return self._states.track(self.model)
+
+
+class Supervisors:
+    """The running supervisors by model (the roster adds and removes them), and the address every
+    event for a model goes to; an event for a model no longer guarded is dropped."""
+
+    def __init__(self) -> None:
+        self._by_model: dict[str, ModelSupervisor] = {}
+
+    def add(self, supervisor: ModelSupervisor) -> None:
+        self._by_model[supervisor.model] = supervisor
+
+    def remove(self, model: str) -> None:
+        self._by_model.pop(model, None)
+
+    def get(self, model: str) -> ModelSupervisor | None:
+        return self._by_model.get(model)
+
+    def __iter__(self) -> Iterator[ModelSupervisor]:
+        return iter(list(self._by_model.values()))
+
+    def tell(self, model: str, event: Event) -> None:
+        supervisor = self._by_model.get(model)
+        if supervisor is not None:
+            supervisor.tell(event)
+
+    def probe_soon(self, model: str, cause: str) -> None:
+        self.tell(model, ProbeSoon(cause))
+
+    def stub_dead(self, model: str) -> None:
+        self.tell(model, StubDead())
+
+    def late_verdict(self, model: str, error: StubUnhealthy) -> None:
+        self.tell(model, LateVerdict(error))
+
