@@ -297,9 +297,13 @@ def judge_soak(outcomes: list[Outcome], faults: list[FaultRecord], settings: Soa
     # fault, every answer must be correct, 502 or 503 + Retry-After.
     judged = [o for o in outcomes if not any(_exposed(o, f) for f in faults)]
     for category, what in ((OTHER_STATUS, "answers with another status"), (CONNECTION_ERROR, "connection errors")):
-        n = sum(o.category == category for o in judged)
-        if n:
-            failures.append(f"{n} {what} outside a fault's window")
+        found = [o for o in judged if o.category == category]
+        if found:
+            first = found[0]
+            since = [f"{first.started - f.injected_at:+.3f} s from the {f.kind} fault" for f in faults
+                     if f.injected_at <= first.started < (f.ends_at or math.inf)]
+            failures.append(f"{len(found)} {what} outside a fault's window, the first {first.status} "
+                            f"{first.detail!r} ({', '.join(since) or 'outside any fault'})")
     steady_counted = count(steady)
     if steady_counted["correct"] != steady_counted["sent"]:
         failures.append(f"the steady model answered {steady_counted['sent'] - steady_counted['correct']} of "
