@@ -55,10 +55,6 @@ from sidecar.states import ModelStates, Transition
 log = structlog.get_logger("sidecar.app")
 
 
-#: Paths of the sidecar's own endpoints: not counted as traffic while draining.
-OWN_PATHS = frozenset({"/healthz", "/readyz", "/status", "/metrics"})
-
-
 def create_app(
     config: SidecarConfig,
     *,
@@ -72,7 +68,9 @@ def create_app(
     (None: nothing to re-read; the golden directory is watched all the same)."""
     # Files first: a bad one stops the start (ConfigError) before any connection to Triton is opened.
     rules = load_schemas(config.validation)
-    app = web.Application(middlewares=[_count_in_flight])
+    # No middleware counts requests for the drain: the serving core's request scope does, on every
+    # front (the sidecar's own /healthz, /readyz, /status and /metrics are not traffic).
+    app = web.Application()
     app[CONFIG] = config
     metrics = SidecarMetrics(registry or CollectorRegistry())
     app[METRICS] = metrics
@@ -101,7 +99,8 @@ def create_app(
     app[SERVING] = ServingCore(
         config, states=states, metrics=metrics, fetch_document=document_fetcher(app),
         cases_for=app[PROBER].cases_for, note_stub_dead=app[HEALER].note_stub_dead,
-        probe_soon=app[PROBER].probe_soon, mark_unreachable=app[WATCH].mark_unreachable, rules=rules)
+        probe_soon=app[PROBER].probe_soon, mark_unreachable=app[WATCH].mark_unreachable, rules=rules,
+        lifecycle=app[LIFECYCLE])
     app[ROSTER] = Roster(triton=triton, states=states, prober=app[PROBER], healer=app[HEALER], metrics=metrics,
                          config=lambda: app[LIVE].config, cases_for=store.cases_for,
                          forget=app[SERVING].forget_model)
@@ -150,18 +149,6 @@ def _transition_listener(metrics: SidecarMetrics) -> Callable[[Transition], None
         getattr(log, level)("model_state_changed", **fields)
 
     return on_transition
-
-
-@web.middleware
-async def _count_in_flight(request: web.Request, handler: Any) -> web.StreamResponse:
-    if request.path in OWN_PATHS:
-        return await handler(request)
-    lifecycle = request.app[LIFECYCLE]
-    lifecycle.request_started()
-    try:
-        return await handler(request)
-    finally:
-        lifecycle.request_finished()
 
 
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:

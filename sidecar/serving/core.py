@@ -1,7 +1,9 @@
 """The serving core: one proxied inference from admission to answer, whatever the wire.
 
-Each front (HTTP in sidecar.http_front, gRPC in sidecar.grpc_front) only decodes its request into an
-`Exchange`, calls `ServingCore.infer`, and encodes what comes back: an answer, or a `Refusal` whose
+Each front (HTTP in sidecar.fronts.http_routes and http_listener, gRPC in sidecar.fronts.grpc_server)
+opens the request's scope (`ServingCore.request`, sidecar.serving.request: ids, log context, drain,
+telemetry, refusals, unexpected exceptions), decodes its request into an `Exchange`, calls
+`ServingCore.infer`, and encodes what comes back: an answer, or a `Refusal` whose
 `Reason` names the HTTP status and the gRPC code. Nothing here imports aiohttp or grpc
 (import-linter contract "The serving core is wire-free").
 """
@@ -19,8 +21,10 @@ from sidecar.metrics import SidecarMetrics
 from sidecar.serving.admission import Admission
 from sidecar.serving.breaker import Breaker
 from sidecar.serving.filtering import IsHidden, OutputFilter, ResponseFormatError
+from sidecar.serving.lifecycle import Lifecycle
 from sidecar.serving.passive_signals import PassiveSignals
 from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
+from sidecar.serving.request import RequestWrapper
 from sidecar.serving.request_rules import RequestRules, load_schemas
 from sidecar.serving.specs import FetchDocument, SpecCache
 from sidecar.serving.telemetry import RequestContext, RequestTelemetry
@@ -72,7 +76,7 @@ class ServingCore:
                  fetch_document: FetchDocument, cases_for: Callable[[str], Sequence[GoldenCase]],
                  note_stub_dead: Callable[[str], None], probe_soon: Callable[[str], None],
                  mark_unreachable: Callable[[str], None],
-                 rules: Mapping[str, RequestRules] | None = None) -> None:
+                 rules: Mapping[str, RequestRules] | None = None, lifecycle: Lifecycle | None = None) -> None:
         self.config = config
         self.settings = config.proxy
         self.filter = OutputFilter(config.filtering.rules)
@@ -86,6 +90,12 @@ class ServingCore:
                                       note_stub_dead=note_stub_dead, probe_soon=probe_soon)
         self.telemetry = RequestTelemetry(metrics=metrics,
                                           access_log_sample_rate=config.logging.access_log_sample_rate)
+        #: In-flight accounting for the drain on SIGTERM (the app's, shared with /readyz).
+        self.lifecycle = lifecycle if lifecycle is not None else Lifecycle()
+        self.requests = RequestWrapper(telemetry=self.telemetry, lifecycle=self.lifecycle)
+        #: `async with core.request(protocol, request_id, traceparent, method=..., path=...) as scope`:
+        #: the outer part of every request on every front (sidecar.serving.request).
+        self.request = self.requests.open
         self._cases_for = cases_for
         self._mark_unreachable = mark_unreachable
         self._breakers: dict[str, Breaker] = {}
