@@ -27,6 +27,7 @@ from sidecar.fronts.appkeys import (
     LIVE,
     METRICS,
     PROBER,
+    READINESS,
     ROSTER,
     SERVING,
     STATES,
@@ -49,6 +50,7 @@ from sidecar.health.triton_watch import TritonWatch
 from sidecar.metrics import SidecarMetrics
 from sidecar.serving.core import ServingCore
 from sidecar.serving.lifecycle import Lifecycle
+from sidecar.serving.readiness import Readiness
 from sidecar.serving.request_rules import load_schemas
 from sidecar.states import ModelStates, Transition
 
@@ -101,6 +103,8 @@ def create_app(
         cases_for=app[PROBER].cases_for, note_stub_dead=app[HEALER].note_stub_dead,
         probe_soon=app[PROBER].probe_soon, mark_unreachable=app[WATCH].mark_unreachable, rules=rules,
         lifecycle=app[LIFECYCLE])
+    app[READINESS] = Readiness(lifecycle=app[LIFECYCLE], states=states, triton=app[WATCH],
+                               missing_golden=_missing_golden(app[LIVE]))
     app[ROSTER] = Roster(triton=triton, states=states, prober=app[PROBER], healer=app[HEALER], metrics=metrics,
                          config=lambda: app[LIVE].config, cases_for=store.cases_for,
                          forget=app[SERVING].forget_model)
@@ -134,6 +138,17 @@ def _close_on_exit(triton: TritonClient) -> Callable[[web.Application], AsyncIte
         await triton.close()
 
     return close
+
+
+def _missing_golden(live: LiveConfig) -> Callable[[str], str]:
+    """Readiness's view of probes.require_golden, read from the config in force (it reloads)."""
+
+    def missing(model: str) -> str:
+        if not live.config.probes.require_golden or live.golden.cases_for(model):
+            return ""
+        return f"model {model} has no golden files under {live.golden.golden_dir / model} (probes.require_golden)"
+
+    return missing
 
 
 def _transition_listener(metrics: SidecarMetrics) -> Callable[[Transition], None]:

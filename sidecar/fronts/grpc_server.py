@@ -28,8 +28,8 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from sidecar.fronts.appkeys import CONFIG, SERVING, STATES, WATCH
-from sidecar.fronts.http_routes import exposed_extensions, server_problems
+from sidecar.fronts.appkeys import CONFIG, READINESS, SERVING, STATES, WATCH
+from sidecar.fronts.http_routes import exposed_extensions
 from sidecar.messages import cut
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
 from sidecar.serving.core import OutputPolicy, Screened, ServingCore
@@ -318,12 +318,12 @@ class GrpcFront:
         return pb.ServerLiveResponse(live=self.app[WATCH].live).SerializeToString()
 
     async def _server_ready(self, payload: bytes, context: grpc.aio.ServicerContext, ctx: RequestContext) -> bytes:
-        return pb.ServerReadyResponse(ready=not server_problems(self.app)).SerializeToString()
+        return pb.ServerReadyResponse(ready=not self.app[READINESS].problems()).SerializeToString()
 
     async def _model_ready(self, payload: bytes, context: grpc.aio.ServicerContext, ctx: RequestContext) -> bytes:
         request = pb.ModelReadyRequest.FromString(payload)
         self.core.resolve(ctx, request.name, request.version)
-        if not self.core.admission.serves(request.name):
+        if self.app[READINESS].model_problems(request.name):
             return pb.ModelReadyResponse(ready=False).SerializeToString()
         return await self._call("ModelReady", payload, context, ctx, request.name)
 
@@ -518,9 +518,9 @@ class HealthService(health_pb2_grpc.HealthServicer):
 
     def _status(self, service: str) -> int | None:
         if not service:
-            ready = not server_problems(self.app)
+            ready = not self.app[READINESS].problems()
         elif service in self.app[STATES]:
-            ready = self.app[SERVING].admission.serves(service)
+            ready = not self.app[READINESS].model_problems(service)
         else:
             return None
         return health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING

@@ -26,7 +26,7 @@ import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from sidecar.fronts.appkeys import LIFECYCLE, SERVING, STATES, UPSTREAM, UPSTREAM_POOL, WATCH
+from sidecar.fronts.appkeys import READINESS, SERVING, STATES, UPSTREAM, UPSTREAM_POOL, WATCH
 from sidecar.fronts.upstream_pool import UpstreamDropped, UpstreamError, UpstreamPool, UpstreamUnreachable
 from sidecar.messages import cut
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
@@ -162,21 +162,8 @@ async def server_live(request: web.Request, ctx: RequestContext) -> web.StreamRe
     raise Refusal(Reason.NOT_READY, f"Triton is not live: {watch.detail}")
 
 
-def server_problems(app: web.Application) -> list[str]:
-    """Why the pod should not get inference traffic now (both fronts' server readiness)."""
-    problems = []
-    if app[LIFECYCLE].draining:
-        problems.append("shutting down")
-    if not app[WATCH].ready:
-        problems.append(f"Triton not ready: {app[WATCH].detail}")
-    if not len(app[STATES]):
-        problems.append("no models discovered yet")
-    problems += [f"model {h.model} {h.state.value}" for h in app[STATES] if not h.state.serves_traffic]
-    return problems
-
-
 async def server_ready(request: web.Request, ctx: RequestContext) -> web.StreamResponse:
-    problems = server_problems(request.app)
+    problems = request.app[READINESS].problems()
     if problems:
         raise Refusal(Reason.NOT_READY, "; ".join(problems), problems=problems)
     return web.Response(status=200)
@@ -184,11 +171,11 @@ async def server_ready(request: web.Request, ctx: RequestContext) -> web.StreamR
 
 async def model_ready(request: web.Request, ctx: RequestContext) -> web.StreamResponse:
     model, version = _model_and_version(request, ctx)
-    health = request.app[STATES].get(model)
-    assert health is not None
-    if not health.state.serves_traffic:
-        raise Refusal(Reason.NOT_READY, f"model {model} is {health.state.value}: {cut(health.cause, 200)}",
-                      model=model, state=health.state.value)
+    problems = request.app[READINESS].model_problems(model)
+    if problems:
+        health = request.app[STATES].get(model)
+        state = {"state": health.state.value} if health is not None else {}
+        raise Refusal(Reason.NOT_READY, cut("; ".join(problems), 300), model=model, problems=problems, **state)
     status, _, body = await _upstream_get(request.app, model_path(model, version) + "/ready", model)
     if status == 200:
         return web.Response(status=200)
