@@ -15,7 +15,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from sidecar.fronts.appkeys import LIFECYCLE
+from sidecar.fronts.appkeys import LIFECYCLE, WATCH
 from sidecar.health.triton_client import TritonClient
 from sidecar.states import ModelState
 from tests.harness import GOLDEN, RunningSidecar, wait_for
@@ -104,7 +104,9 @@ async def test_readiness_endpoints_agree_during_a_heal_and_after_it(triton, fres
     assert sidecar.state(model) is ModelState.HEALING, "the views were taken during the heal"
 
     gated.gate.set()
-    await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 30, what="healed")
+    # Triton itself is "not ready" while it reloads the model (strict readiness): wait for both.
+    await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY and sidecar.app[WATCH].ready, 30,
+                   what="healed, and Triton ready again")
     _agree(await _views(sidecar, target, ["credit_risk", model]), pod=True, credit_risk=True, **{model: True})
 
 
