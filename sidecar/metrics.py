@@ -86,6 +86,10 @@ class SidecarMetrics:
                                         buckets=LATENCY_BUCKETS, registry=registry)
         self.proxy_rejections = Counter(f"{PREFIX}_proxy_rejections", "Requests refused before Triton, by protocol and "
                                         "reason.", ["protocol", "model", "reason"], registry=registry)
+        self.proxy_internal_errors = Counter(f"{PREFIX}_proxy_internal_errors", "Requests the sidecar could not "
+                                             "answer because of an unexpected error of its own (a bug: logged as "
+                                             "proxy_internal_error with its traceback, answered 500 / INTERNAL).",
+                                             ["protocol", "model"], registry=registry)
         self.outputs_filtered = Counter(f"{PREFIX}_outputs_filtered", "Outputs removed from answers.",
                                         ["model", "output"], registry=registry)
         self.quarantined = Counter(f"{PREFIX}_proxy_quarantined", "Requests to a quarantined model, by outcome "

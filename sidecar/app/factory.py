@@ -28,6 +28,7 @@ from sidecar.fronts.appkeys import (
     LIVE,
     METRICS,
     PROBER,
+    READINESS,
     ROSTER,
     SERVING,
     STATES,
@@ -54,14 +55,11 @@ from sidecar.serving.core import ServingCore
 from sidecar.serving.drift import DriftMonitor
 from sidecar.serving.lifecycle import Lifecycle
 from sidecar.serving.passive_signals import HealthEvents
+from sidecar.serving.readiness import Readiness
 from sidecar.serving.request_rules import load_schemas
 from sidecar.states import ModelStates, Transition
 
 log = structlog.get_logger("sidecar.app")
-
-
-#: Paths of the sidecar's own endpoints: not counted as traffic while draining.
-OWN_PATHS = frozenset({"/healthz", "/readyz", "/status", "/metrics"})
 
 
 def create_app(
@@ -78,7 +76,9 @@ def create_app(
     # Files first: a bad one stops the start (ConfigError) before any connection to Triton is opened.
     rules = load_schemas(config.validation)
     references = load_references(config.drift)
-    app = web.Application(middlewares=[_count_in_flight])
+        # No middleware counts requests for the drain: the serving core's request scope does, on every
+    # front (the sidecar's own /healthz, /readyz, /status and /metrics are not traffic).
+    app = web.Application()
     app[CONFIG] = config
     metrics = SidecarMetrics(registry or CollectorRegistry())
     app[METRICS] = metrics
@@ -112,8 +112,11 @@ def create_app(
     app[SERVING] = ServingCore(
         config, states=states, metrics=metrics, fetch_document=document_fetcher(app), cases_for=store.cases_for,
         events=HealthEvents(probe_soon=supervisors.probe_soon, stub_dead=supervisors.stub_dead,
-                            triton_unreachable=app[WATCH].mark_unreachable), rules=rules, drift=drift)
+                            triton_unreachable=app[WATCH].mark_unreachable), rules=rules, drift=drift,
+        lifecycle=app[LIFECYCLE])
     live = app[LIVE]
+    app[READINESS] = Readiness(lifecycle=app[LIFECYCLE], states=states, triton=app[WATCH],
+                               missing_golden=_missing_golden(app[LIVE]))
     app[ROSTER] = Roster(triton=triton, states=states, prober=app[PROBER], healer=app[HEALER], metrics=metrics,
                          config=lambda: live.config, cases_for=store.cases_for,
                          forget=app[SERVING].forget_model, supervisors=supervisors, clock=clock)
@@ -150,6 +153,17 @@ def _close_on_exit(triton: TritonClient) -> Callable[[web.Application], AsyncIte
     return close
 
 
+def _missing_golden(live: LiveConfig) -> Callable[[str], str]:
+    """Readiness's view of probes.require_golden, read from the config in force (it reloads)."""
+
+    def missing(model: str) -> str:
+        if not live.config.probes.require_golden or live.golden.cases_for(model):
+            return ""
+        return f"model {model} has no golden files under {live.golden.golden_dir / model} (probes.require_golden)"
+
+    return missing
+
+
 def _transition_listener(metrics: SidecarMetrics) -> Callable[[Transition], None]:
     def on_transition(t: Transition) -> None:
         metrics.set_state(t.model, t.state_to)
@@ -163,18 +177,6 @@ def _transition_listener(metrics: SidecarMetrics) -> Callable[[Transition], None
         getattr(log, level)("model_state_changed", **fields)
 
     return on_transition
-
-
-@web.middleware
-async def _count_in_flight(request: web.Request, handler: Any) -> web.StreamResponse:
-    if request.path in OWN_PATHS:
-        return await handler(request)
-    lifecycle = request.app[LIFECYCLE]
-    lifecycle.request_started()
-    try:
-        return await handler(request)
-    finally:
-        lifecycle.request_finished()
 
 
 async def _upstream_session(app: web.Application) -> AsyncIterator[None]:

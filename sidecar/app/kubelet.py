@@ -17,6 +17,7 @@ from sidecar.fronts.appkeys import (
     LIVE,
     METRICS,
     PROBER,
+    READINESS,
     ROSTER,
     SERVING,
     STATES,
@@ -60,25 +61,8 @@ def _crashes(record: CrashRecord) -> str:
 
 
 def readiness_problems(app: web.Application) -> list[str]:
-    problems = []
-    if app[LIFECYCLE].draining:
-        problems.append("shutting down")
-    watch = app[WATCH]
-    if not watch.ready:
-        problems.append(f"Triton not ready: {watch.detail}")
-    states = app[STATES]
-    if not len(states):
-        problems.append("no models discovered yet")
-    for health in states:
-        if not health.state.serves_traffic:
-            problems.append(f"model {health.model} {health.state.value}: {health.cause}")
-    live = app[LIVE]
-    if live.config.probes.require_golden:
-        for model in states.names():
-            if not live.golden.cases_for(model):
-                problems.append(f"model {model} has no golden files under {live.golden.golden_dir / model} "
-                                "(probes.require_golden)")
-    return problems
+    """The pod's readiness, as every other readiness endpoint answers it (sidecar.serving.readiness)."""
+    return app[READINESS].problems()
 
 
 def _models_summary(app: web.Application) -> dict[str, dict[str, str]]:

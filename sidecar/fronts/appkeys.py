@@ -17,6 +17,7 @@ from sidecar.health.triton_watch import TritonWatch
 from sidecar.metrics import SidecarMetrics
 from sidecar.serving.core import ServingCore
 from sidecar.serving.lifecycle import Lifecycle
+from sidecar.serving.readiness import Readiness
 from sidecar.states import ModelStates
 
 #: The configuration the process started with: what only a restart changes (listen, triton, proxy,
@@ -59,6 +60,11 @@ UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
 
 #: Keep-alive connections to Triton for proxied inferences (the hot path, both listeners).
 UPSTREAM_POOL = web.AppKey("upstream_pool", UpstreamPool)
+
+
+#: The one readiness every endpoint answers with: /readyz, /v2/health/ready, /v2/models/{m}/ready,
+#: gRPC ServerReady and ModelReady, grpc.health.v1.
+READINESS = web.AppKey("readiness", Readiness)
 
 
 #: The serving core shared by the HTTP and gRPC fronts (admission, specs, breakers, signals, telemetry).

@@ -213,6 +213,7 @@ async def _relay(request: web.Request, call: _Request, upstream: aiohttp.ClientR
     response = _EventStream(status=200, headers={"Content-Type": "text/event-stream; charset=utf-8",
                                                  "Cache-Control": "no-cache", "X-Request-ID": ctx.request_id})
     await response.prepare(request)
+    ctx.answered(200)  # the status is sent: an unexpected error from here on can only cut the stream
     policy = core.policy(model)
     idle_s = core.config.generation.idle_timeout_s
     splitter = EventSplitter()

@@ -28,8 +28,8 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from sidecar.fronts.appkeys import CONFIG, LIFECYCLE, SERVING, STATES, WATCH
-from sidecar.fronts.http_routes import exposed_extensions, server_problems
+from sidecar.fronts.appkeys import CONFIG, READINESS, SERVING, STATES, WATCH
+from sidecar.fronts.http_routes import exposed_extensions
 from sidecar.messages import cut
 from sidecar.protocol.answers import BINARY_DTYPES, AnswerTensor
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
@@ -292,36 +292,24 @@ class GrpcFront:
         path = f"/{SERVICE}/{name}"
 
         async def run(payload: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            telemetry = self.core.telemetry
             metadata = dict(context.invocation_metadata() or ())
-            ctx = telemetry.begin(GRPC, metadata.get("x-request-id"), metadata.get("traceparent"))
-            lifecycle = self.app[LIFECYCLE]
-            lifecycle.request_started()
-            tokens = structlog.contextvars.bind_contextvars(request_id=ctx.request_id, trace_id=ctx.trace_id)
-            code, reason = "OK", ""
-            try:
+            scope = self.core.request(GRPC, metadata.get("x-request-id"), metadata.get("traceparent"),
+                                      method="grpc", path=path)
+            passed_on: _PassedOn | None = None
+            async with scope:
                 try:
-                    answer = await handler(payload, context, ctx)
-                    context.set_trailing_metadata((("x-request-id", ctx.request_id),))
-                    return answer
-                except Refusal as e:
-                    code, reason = e.reason.grpc_code, e.reason.value
-                    if e.before_triton:
-                        telemetry.rejected(ctx, reason)
-                    await _abort(context, ctx, e)
-                    raise AssertionError("unreachable") from None  # abort raises
+                    answer = await handler(payload, context, scope)
                 except _PassedOn as e:
-                    code = e.code.name
-                    context.set_trailing_metadata((("x-request-id", ctx.request_id),))
-                    await context.abort(e.code, e.details)
-                    raise AssertionError("unreachable") from None
-                except asyncio.CancelledError:
-                    code, reason = "CANCELLED", Reason.CLIENT_GONE.value
-                    raise
-            finally:
-                telemetry.finish(ctx, code, method="grpc", path=path, reason=reason, failed=code != "OK")
-                structlog.contextvars.reset_contextvars(**tokens)
-                lifecycle.request_finished()
+                    passed_on = e
+                    scope.answered(e.code.name)
+                else:
+                    scope.answered("OK")
+            if scope.refusal is not None:
+                await _abort(context, scope, scope.refusal)
+            context.set_trailing_metadata((("x-request-id", scope.request_id),))
+            if passed_on is not None:
+                await context.abort(passed_on.code, passed_on.details)
+            return answer
 
         return grpc.unary_unary_rpc_method_handler(run)
 
@@ -353,12 +341,12 @@ class GrpcFront:
         return pb.ServerLiveResponse(live=self.app[WATCH].live).SerializeToString()
 
     async def _server_ready(self, payload: bytes, context: grpc.aio.ServicerContext, ctx: RequestContext) -> bytes:
-        return pb.ServerReadyResponse(ready=not server_problems(self.app)).SerializeToString()
+        return pb.ServerReadyResponse(ready=not self.app[READINESS].problems()).SerializeToString()
 
     async def _model_ready(self, payload: bytes, context: grpc.aio.ServicerContext, ctx: RequestContext) -> bytes:
         request = pb.ModelReadyRequest.FromString(payload)
         self.core.resolve(ctx, request.name, request.version)
-        if not self.core.admission.serves(request.name):
+        if self.app[READINESS].model_problems(request.name):
             return pb.ModelReadyResponse(ready=False).SerializeToString()
         return await self._call("ModelReady", payload, context, ctx, request.name)
 
@@ -436,15 +424,13 @@ class GrpcFront:
         trusted any more: then the stream ends with UNAVAILABLE."""
         core = self.core
         metadata = dict(context.invocation_metadata() or ())
-        ctx = core.telemetry.begin(GRPC, metadata.get("x-request-id"), metadata.get("traceparent"))
-        lifecycle = self.app[LIFECYCLE]
-        lifecycle.request_started()
+        ctx = core.request(GRPC, metadata.get("x-request-id"), metadata.get("traceparent"), method="grpc",
+                           path=f"/{SERVICE}/ModelStreamInfer")
         outbox: asyncio.Queue[Any] = asyncio.Queue()
         upstream = self.upstream_stream(metadata=self._forwarded(context, ctx))
         #: The models this stream has sent requests to: each is watched for a quarantine.
         models: set[str] = set()
         watchers: list[asyncio.Task[None]] = []
-        code, reason = "OK", ""
 
         async def forward_requests() -> None:
             async for payload in requests:
@@ -480,26 +466,23 @@ class GrpcFront:
                 return
             await outbox.put(_STREAM_END)
 
-        tasks = [asyncio.create_task(forward_requests()), asyncio.create_task(forward_responses())]
-        try:
-            while True:
-                item = await outbox.get()
-                if item is _STREAM_END:
-                    break
-                if isinstance(item, Refusal):
-                    code, reason = item.reason.grpc_code, item.reason.value
-                    await _abort(context, ctx, item)
-                yield self._screen_stream_response(item, models)
-        except asyncio.CancelledError:
-            code, reason = "CANCELLED", Reason.CLIENT_GONE.value
-            raise
-        finally:
-            upstream.cancel()  # a client that leaves cancels Triton's side too
-            for task in tasks + watchers:
-                task.cancel()
-            core.telemetry.finish(ctx, code, method="grpc", path=f"/{SERVICE}/ModelStreamInfer", reason=reason,
-                                  failed=code != "OK")
-            lifecycle.request_finished()
+        async with ctx:
+            tasks = [asyncio.create_task(forward_requests()), asyncio.create_task(forward_responses())]
+            try:
+                while True:
+                    item = await outbox.get()
+                    if item is _STREAM_END:
+                        break
+                    if isinstance(item, Refusal):
+                        raise item  # the stream ends with the refusal's code (the scope counts it)
+                    yield self._screen_stream_response(item, models)
+            finally:
+                upstream.cancel()  # a client that leaves cancels Triton's side too
+                for task in tasks + watchers:
+                    task.cancel()
+            ctx.answered("OK")
+        if ctx.refusal is not None:
+            await _abort(context, ctx, ctx.refusal)
 
     def _screen_stream_response(self, payload: bytes, models: set[str]) -> bytes:
         response = pb.ModelStreamInferResponse.FromString(payload)
@@ -558,9 +541,9 @@ class HealthService(health_pb2_grpc.HealthServicer):
 
     def _status(self, service: str) -> int | None:
         if not service:
-            ready = not server_problems(self.app)
+            ready = not self.app[READINESS].problems()
         elif service in self.app[STATES]:
-            ready = self.app[SERVING].admission.serves(service)
+            ready = not self.app[READINESS].model_problems(service)
         else:
             return None
         return health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING

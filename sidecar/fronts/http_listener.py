@@ -34,7 +34,7 @@ import httptools
 import structlog
 from aiohttp import web
 
-from sidecar.fronts.appkeys import CONFIG, LIFECYCLE, SERVING, UPSTREAM_POOL
+from sidecar.fronts.appkeys import CONFIG, SERVING, UPSTREAM_POOL
 from sidecar.fronts.http_routes import (
     HttpInferExchange,
     body_timeout,
@@ -266,7 +266,8 @@ class _Connection(asyncio.Protocol):
     def _served(self, task: asyncio.Task[None]) -> None:
         self._active = None
         if not task.cancelled() and task.exception() is not None:
-            log.error("proxy_request_crashed", cause=repr(task.exception()))
+            # Past the request's scope (writing the answer): the connection cannot be trusted any more.
+            log.error("proxy_request_crashed", exc_info=task.exception())
             self._close()
             return
         self._pump()
@@ -292,31 +293,16 @@ class _Connection(asyncio.Protocol):
     # -- answering ------------------------------------------------------------------------------------
 
     async def _serve(self, request: _Request) -> None:
-        core = self._core
         self._listener.fast_requests += 1
-        lifecycle = self._listener.app[LIFECYCLE]
-        lifecycle.request_started()
-        ctx = core.telemetry.begin(HTTP, request.headers.get("x-request-id"), request.headers.get("traceparent"))
-        tokens = structlog.contextvars.bind_contextvars(request_id=ctx.request_id, trace_id=ctx.trace_id)
-        reason = ""
-        path = request.url.decode("latin-1")
-        try:
-            try:
-                status, headers, body = await self._infer(request, ctx)
-            except Refusal as e:
-                status, headers, body = _refusal_parts(e)
-                reason = e.reason.value
-                if e.before_triton:
-                    core.telemetry.rejected(ctx, reason)
-            except asyncio.CancelledError:
-                core.telemetry.finish(ctx, "499", method="POST", path=path, reason="client_disconnected",
-                                      failed=True)
-                raise
-            self._write(status, headers, body, ctx.request_id, request.keep_alive)
-            core.telemetry.finish(ctx, str(status), method="POST", path=path, reason=reason, failed=status >= 400)
-        finally:
-            structlog.contextvars.reset_contextvars(**tokens)
-            lifecycle.request_finished()
+        headers = request.headers
+        scope = self._core.request(HTTP, headers.get("x-request-id"), headers.get("traceparent"), method="POST",
+                                   path=request.url.decode("latin-1"))
+        async with scope:
+            status, answer_headers, body = await self._infer(request, scope)
+            scope.answered(status)
+        if scope.refusal is not None:
+            status, answer_headers, body = _refusal_parts(scope.refusal)
+        self._write(status, answer_headers, body, scope.request_id, request.keep_alive)
 
     async def _infer(self, request: _Request, ctx: RequestContext) -> tuple[int, dict[str, str], bytes]:
         core = self._core
@@ -363,13 +349,12 @@ class _Connection(asyncio.Protocol):
             self._abort()
             return
         core = self._core
-        ctx = core.telemetry.begin(HTTP, request.headers.get("x-request-id"), request.headers.get("traceparent"))
-        ctx.label = core.admission.label(unquote(request.model))
-        core.telemetry.rejected(ctx, refusal.reason.value)
+        scope = core.requests.refuse_at_once(HTTP, refusal, method="POST", path=request.url.decode("latin-1"),
+                                             label=core.admission.label(unquote(request.model)),
+                                             request_id=request.headers.get("x-request-id"),
+                                             traceparent=request.headers.get("traceparent"))
         status, headers, body = _refusal_parts(refusal)
-        self._write(status, headers, body, ctx.request_id, keep_alive=False)
-        core.telemetry.finish(ctx, str(status), method="POST", path=request.url.decode("latin-1"),
-                              reason=refusal.reason.value, failed=True)
+        self._write(status, headers, body, scope.request_id, keep_alive=False)
         self._close()
 
     def _body_timed_out(self, timeout_s: float) -> None:

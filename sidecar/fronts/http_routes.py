@@ -26,7 +26,7 @@ import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from sidecar.fronts.appkeys import LIFECYCLE, SERVING, STATES, UPSTREAM, UPSTREAM_POOL, WATCH
+from sidecar.fronts.appkeys import READINESS, SERVING, STATES, UPSTREAM, UPSTREAM_POOL, WATCH
 from sidecar.fronts.upstream_pool import UpstreamDropped, UpstreamError, UpstreamPool, UpstreamUnreachable
 from sidecar.messages import cut
 from sidecar.protocol.answers import AnswerTensor, answer_tensors
@@ -128,47 +128,28 @@ async def _json_router_errors(request: web.Request, handler: Any) -> web.StreamR
     except web.HTTPNotFound:
         refusal = Refusal(Reason.UNKNOWN_PATH, f"no such endpoint: {cut(request.path)} (the sidecar serves the "
                                                "v2 inference, metadata, config, readiness and health endpoints)")
-    telemetry = request.app[SERVING].telemetry
-    ctx = telemetry.begin(HTTP, None, None)
-    ctx.label = UNKNOWN_LABEL
-    telemetry.rejected(ctx, refusal.reason.value)
-    telemetry.finish(ctx, str(refusal.status), method=request.method, path=request.path,
-                     reason=refusal.reason.value, failed=True)
+    request.app[SERVING].requests.refuse_at_once(HTTP, refusal, method=request.method, path=request.path,
+                                                 label=UNKNOWN_LABEL)
     return refusal_response(refusal)
 
 
 def _proxied(handler: ProxyHandler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """The outer part of the chain: request identity, JSON errors, metrics and the access log."""
+    """The outer part of the chain is the core's request scope; here only its HTTP encoding."""
 
     async def run(request: web.Request) -> web.StreamResponse:
-        telemetry = request.app[SERVING].telemetry
         headers = request.headers
-        ctx = telemetry.begin(HTTP, headers.get("X-Request-ID"), headers.get("traceparent"))
-        reason = ""
-        # bind + reset by token: bound_contextvars() copies the whole context on every request
-        tokens = structlog.contextvars.bind_contextvars(request_id=ctx.request_id, trace_id=ctx.trace_id)
-        try:
-            try:
-                response = await handler(request, ctx)
-            except Refusal as e:
-                response, reason = refusal_response(e), e.reason.value
-                if e.before_triton:
-                    telemetry.rejected(ctx, reason)
-            except asyncio.CancelledError:
-                # The server cancels handlers of gone clients when run with handler_cancellation.
-                telemetry.finish(ctx, "499", method=request.method, path=request.path,
-                                 reason=Reason.CLIENT_GONE.value, failed=True)
-                raise
-            response.headers["X-Request-ID"] = ctx.request_id
-            if request.can_read_body and not request.content.is_eof():
-                # Refused before its body was read: aiohttp drains and drops the rest (never
-                # buffered); the connection must not be reused for another request.
-                response.force_close()
-            status = response.status
-            telemetry.finish(ctx, str(status), method=request.method, path=request.path, reason=reason,
-                             failed=status >= 400)
-        finally:
-            structlog.contextvars.reset_contextvars(**tokens)
+        scope = request.app[SERVING].request(HTTP, headers.get("X-Request-ID"), headers.get("traceparent"),
+                                             method=request.method, path=request.path)
+        async with scope:
+            response = await handler(request, scope)
+            scope.answered(response.status)
+        if scope.refusal is not None:
+            response = refusal_response(scope.refusal)
+        response.headers["X-Request-ID"] = scope.request_id
+        if request.can_read_body and not request.content.is_eof():
+            # Refused before its body was read: aiohttp drains and drops the rest (never
+            # buffered); the connection must not be reused for another request.
+            response.force_close()
         return response
 
     run.__name__ = handler.__name__
@@ -182,21 +163,8 @@ async def server_live(request: web.Request, ctx: RequestContext) -> web.StreamRe
     raise Refusal(Reason.NOT_READY, f"Triton is not live: {watch.detail}")
 
 
-def server_problems(app: web.Application) -> list[str]:
-    """Why the pod should not get inference traffic now (both fronts' server readiness)."""
-    problems = []
-    if app[LIFECYCLE].draining:
-        problems.append("shutting down")
-    if not app[WATCH].ready:
-        problems.append(f"Triton not ready: {app[WATCH].detail}")
-    if not len(app[STATES]):
-        problems.append("no models discovered yet")
-    problems += [f"model {h.model} {h.state.value}" for h in app[STATES] if not h.state.serves_traffic]
-    return problems
-
-
 async def server_ready(request: web.Request, ctx: RequestContext) -> web.StreamResponse:
-    problems = server_problems(request.app)
+    problems = request.app[READINESS].problems()
     if problems:
         raise Refusal(Reason.NOT_READY, "; ".join(problems), problems=problems)
     return web.Response(status=200)
@@ -204,11 +172,11 @@ async def server_ready(request: web.Request, ctx: RequestContext) -> web.StreamR
 
 async def model_ready(request: web.Request, ctx: RequestContext) -> web.StreamResponse:
     model, version = _model_and_version(request, ctx)
-    health = request.app[STATES].get(model)
-    assert health is not None
-    if not health.state.serves_traffic:
-        raise Refusal(Reason.NOT_READY, f"model {model} is {health.state.value}: {cut(health.cause, 200)}",
-                      model=model, state=health.state.value)
+    problems = request.app[READINESS].model_problems(model)
+    if problems:
+        health = request.app[STATES].get(model)
+        state = {"state": health.state.value} if health is not None else {}
+        raise Refusal(Reason.NOT_READY, cut("; ".join(problems), 300), model=model, problems=problems, **state)
     status, _, body = await _upstream_get(request.app, model_path(model, version) + "/ready", model)
     if status == 200:
         return web.Response(status=200)

@@ -1,8 +1,17 @@
-"""The boundary to Triton's HTTP API, through `tritonclient.http.aio`.
+"""The boundary to Triton's HTTP API for the health side: probes, the healer, discovery, `record`.
 
 Everything the probes and the healer ask Triton goes through `TritonClient`; every failure comes out
 as one of two exceptions: `TritonUnavailable` (no answer: refused, reset, or `TritonTimeout`) or
 `TritonError` (an answer, but not a good one, with its HTTP status and Triton's message).
+
+One client stack: every call (readiness, metadata, config, repository index, load, unload, golden
+infer and generate) goes over this client's own single aiohttp session. It used to be two (the
+`tritonclient.http.aio` client for some calls, a session of its own for the others), which meant
+two connection pools, two timeout models and two ways errors arrived, for one upstream. The
+encoding and decoding of infer bodies stay tritonclient's pure helpers (`generate_request_body`,
+`parse_response_body`: binary tensors, JSON nulls read as NaN); the HTTP is ours. The proxy's
+traffic has its own stack (sidecar.fronts.upstream_pool), tuned for the hot path, and shares
+nothing with this one: a probe must reach Triton even while the proxy's pool is saturated.
 
 Triton's own diagnosis is a type, decided here and nowhere else: `StubUnhealthy` when Triton declares a
 model instance's python-backend stub dead. Callers branch on the type, never on Triton's wording.
@@ -15,12 +24,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import aiohttp
 import numpy as np
 import tritonclient.http as triton_http
-import tritonclient.http.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
 from sidecar.golden.cases import GENERATE_STREAM, GoldenCase, ReceivedOutput, request_as_arrays
@@ -78,7 +86,7 @@ _TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, asyncio.TimeoutError, Inferen
 
 
 class TritonClient:
-    """One pooled connection to Triton, used by probes and the healer from one event loop."""
+    """One pooled aiohttp session to Triton, used by probes and the healer from one event loop."""
 
     def __init__(
         self,
@@ -88,21 +96,18 @@ class TritonClient:
         repository_headers: Mapping[str, str] | None = None,
         max_call_s: float = 600.0,
     ) -> None:
-        parts = urlsplit(url)
-        # tritonclient wants host:port without the scheme.
-        self._client = triton_aio.InferenceServerClient(
-            parts.netloc, conn_timeout=max_call_s, ssl=parts.scheme == "https"
-        )
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
-        self._repository_headers = dict(repository_headers or {})
+        #: Every call is bounded by its own timeout (`_call`); this bounds the session itself, so
+        #: that no call can outlive the longest one the settings allow (a load).
+        self._max_call_s = max_call_s
+        self._repository_headers = {"Content-Type": "application/json", **(repository_headers or {})}
         self._bodies: dict[tuple[str, str, str], tuple[bytes, dict[str, str]]] = {}
-        self._infer_session: aiohttp.ClientSession | None = None
+        self._http: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
-        await self._client.close()
-        if self._infer_session is not None:
-            await self._infer_session.close()
+        if self._http is not None:
+            await self._http.close()
 
     async def _call(self, coro: Any, timeout_s: float | None = None) -> Any:
         try:
@@ -112,52 +117,83 @@ class TritonClient:
             raise _translate(e) from e
 
     async def server_live(self, timeout_s: float | None = None) -> bool:
-        return await self._call(self._client.is_server_live(), timeout_s)
+        return await self._call(self._answers_200("/v2/health/live"), timeout_s)
 
     async def server_ready(self, timeout_s: float | None = None) -> bool:
-        return await self._call(self._client.is_server_ready(), timeout_s)
+        return await self._call(self._answers_200("/v2/health/ready"), timeout_s)
 
     async def model_ready(self, model: str, version: str = "", timeout_s: float | None = None) -> bool:
-        return await self._call(self._client.is_model_ready(model, version), timeout_s)
+        return await self._call(self._answers_200(_model_path(model, version) + "/ready"), timeout_s)
 
     async def model_metadata(self, model: str, version: str = "", timeout_s: float | None = None) -> dict[str, Any]:
-        return await self._call(self._client.get_model_metadata(model, version), timeout_s)
+        return await self._call(self._document(_model_path(model, version)), timeout_s)
 
     async def model_config(self, model: str, version: str = "", timeout_s: float | None = None) -> dict[str, Any]:
-        return await self._call(self._client.get_model_config(model, version), timeout_s)
+        """The model's config; {} where the server has none to give (404: MLServer has no config
+        endpoint, and the config is an extension of the v2 protocol)."""
+        return await self._call(self._document(_model_path(model, version) + "/config", missing_is_empty=True),
+                                timeout_s)
 
     async def repository_index(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
         """The repository index, asked with the body `{}`: Triton takes none, but other v2 servers
         (MLServer) refuse a POST without a JSON object (422), as tritonclient sends it."""
-        headers = {"Content-Type": "application/json", **self._repository_headers}
 
         async def post() -> list[dict[str, Any]]:
-            async with self._session().post(f"{self.url}/v2/repository/index", data=b"{}", headers=headers) as response:
-                raw = await response.read()
-                if response.status != 200:
-                    raise triton_error(response.status, _error_message(raw))
-                index = json.loads(raw)
-                if not isinstance(index, list):
-                    raise TritonError(502, _cut(f"a repository index that is not a list: {raw[:100]!r}"))
-                return index
+            raw = await self._repository_call("/v2/repository/index", b"{}")
+            index = json.loads(raw)
+            if not isinstance(index, list):
+                raise TritonError(502, _cut(f"a repository index that is not a list: {raw[:100]!r}"))
+            return index
 
         return await self._call(post(), timeout_s)
 
     async def load_model(self, model: str, timeout_s: float | None = None) -> None:
-        await self._call(self._client.load_model(model, headers=self._repository_headers or None), timeout_s)
+        await self._call(self._repository_call(f"/v2/repository/models/{quote(model, safe='')}/load", b"{}"),
+                         timeout_s)
 
     async def unload_model(self, model: str, timeout_s: float | None = None) -> None:
-        await self._call(self._client.unload_model(model, headers=self._repository_headers or None), timeout_s)
+        # As tritonclient sends it: the model's dependents (ensembles' steps) stay loaded.
+        body = b'{"parameters": {"unload_dependents": false}}'
+        await self._call(self._repository_call(f"/v2/repository/models/{quote(model, safe='')}/unload", body),
+                         timeout_s)
+
+    # -- the HTTP of the calls above ---------------------------------------------------------------------
+
+    async def _answers_200(self, path: str) -> bool:
+        """Readiness and liveness: 200 is yes, any other answer no (no answer raises)."""
+        async with self._session().get(self.url + path, headers=_IDENTITY) as response:
+            await response.read()
+            return response.status == 200
+
+    async def _document(self, path: str, *, missing_is_empty: bool = False) -> dict[str, Any]:
+        async with self._session().get(self.url + path, headers=_IDENTITY) as response:
+            raw = await response.read()
+            if response.status == 404 and missing_is_empty:
+                return {}
+            if response.status != 200:
+                raise triton_error(response.status, _error_message(raw))
+        doc = json.loads(raw)
+        if not isinstance(doc, dict):
+            raise TritonError(502, _cut(f"a document that is not a JSON object: {raw[:100]!r}"))
+        return doc
+
+    async def _repository_call(self, path: str, body: bytes) -> bytes:
+        """A repository call: the repository header goes with it (and only with these calls)."""
+        async with self._session().post(self.url + path, data=body, headers=self._repository_headers) as response:
+            raw = await response.read()
+            if response.status != 200:
+                raise triton_error(response.status, _error_message(raw))
+            return raw
 
     async def infer_case(self, case: GoldenCase, timeout_s: float | None = None) -> InferOutcome:
         """Send the case's request as JSON, as a client would, and collect the answer: an error status
         is an outcome (golden error cases expect one), except Triton's verdict that the instance is
         dead, which no golden case expects: that raises StubUnhealthy."""
         body, headers = self._request_body(case)
-        path = f"v2/models/{quote(case.model)}" + (f"/versions/{case.version}" if case.version else "") + "/infer"
+        path = _model_path(case.model, case.version) + "/infer"
 
         async def post() -> InferOutcome:
-            async with self._session().post(f"{self.url}/{path}", data=body, headers=headers) as response:
+            async with self._session().post(self.url + path, data=body, headers=headers) as response:
                 raw = await response.read()
                 if response.status != 200:
                     error = triton_error(response.status, _error_message(raw))
@@ -166,7 +202,7 @@ class TritonClient:
                     return InferOutcome(status=response.status, error=error.message)
                 length = response.headers.get("Inference-Header-Content-Length")
                 try:
-                    result = triton_aio.InferenceServerClient.parse_response_body(
+                    result = triton_http.InferenceServerClient.parse_response_body(
                         raw, header_length=int(length) if length is not None else None)
                     return InferOutcome(status=200, outputs=_received_outputs(result))
                 except (InferenceServerException, ValueError, KeyError, TypeError) as e:
@@ -176,15 +212,14 @@ class TritonClient:
 
     async def generate_case(self, case: GoldenCase, timeout_s: float | None = None) -> GenerateOutcome:
         """Send a generate case's request as a client would; read a stream event by event."""
-        path = f"v2/models/{quote(case.model)}" + (f"/versions/{case.version}" if case.version else "")
-        path += "/" + case.endpoint
+        path = _model_path(case.model, case.version) + "/" + case.endpoint
         body = json.dumps(case.request).encode()
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         field_name = case.text.field if case.text is not None else "text_output"
 
         async def post() -> GenerateOutcome:
             started = loop_time()
-            async with self._session().post(f"{self.url}/{path}", data=body, headers=headers) as response:
+            async with self._session().post(self.url + path, data=body, headers=headers) as response:
                 if case.endpoint != GENERATE_STREAM or response.status != 200:
                     raw = await response.read()
                     if raw.startswith(b"data:"):
@@ -234,7 +269,7 @@ class TritonClient:
             triton_http.InferRequestedOutput(o["name"], binary_data=False)
             for o in case.request.get("outputs", [])
         ] or None
-        body, json_size = triton_aio.InferenceServerClient.generate_request_body(
+        body, json_size = triton_http.InferenceServerClient.generate_request_body(
             inputs, outputs=outputs, parameters=case.request.get("parameters"))
         # Identity: Triton would gzip the answer, and decompressing costs more than loopback bytes.
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
@@ -244,10 +279,20 @@ class TritonClient:
         return self._bodies[key]
 
     def _session(self) -> aiohttp.ClientSession:
-        if self._infer_session is None or self._infer_session.closed:
-            self._infer_session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
-        return self._infer_session
+        """The one session, made on first use (inside the event loop that uses it)."""
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._max_call_s),
+                                               auto_decompress=False)
+        return self._http
+
+
+#: Triton would gzip its answers; decompressing costs more than loopback bytes.
+_IDENTITY = {"Accept-Encoding": "identity"}
+
+
+def _model_path(model: str, version: str) -> str:
+    path = f"/v2/models/{quote(model, safe='')}"
+    return f"{path}/versions/{quote(version, safe='')}" if version else path
 
 
 def loop_time() -> float:

@@ -1,7 +1,9 @@
 """The serving core: one proxied inference from admission to answer, whatever the wire.
 
-Each front (HTTP in sidecar.http_front, gRPC in sidecar.grpc_front) only decodes its request into an
-`Exchange`, calls `ServingCore.infer`, and encodes what comes back: an answer, or a `Refusal` whose
+Each front (HTTP in sidecar.fronts.http_routes and http_listener, gRPC in sidecar.fronts.grpc_server)
+opens the request's scope (`ServingCore.request`, sidecar.serving.request: ids, log context, drain,
+telemetry, refusals, unexpected exceptions), decodes its request into an `Exchange`, calls
+`ServingCore.infer`, and encodes what comes back: an answer, or a `Refusal` whose
 `Reason` names the HTTP status and the gRPC code. Nothing here imports aiohttp or grpc
 (import-linter contract "The serving core is wire-free").
 """
@@ -22,8 +24,10 @@ from sidecar.serving.admission import Admission
 from sidecar.serving.breaker import Breaker
 from sidecar.serving.drift import DriftMonitor, Tensor
 from sidecar.serving.filtering import IsHidden, OutputFilter, ResponseFormatError
+from sidecar.serving.lifecycle import Lifecycle
 from sidecar.serving.passive_signals import HealthEvents, PassiveSignals
 from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
+from sidecar.serving.request import RequestWrapper
 from sidecar.serving.request_rules import RequestRules, load_schemas
 from sidecar.serving.specs import FetchDocument, SpecCache
 from sidecar.serving.telemetry import RequestContext, RequestTelemetry
@@ -81,7 +85,7 @@ class ServingCore:
     def __init__(self, config: SidecarConfig, *, states: ModelStates, metrics: SidecarMetrics,
                  fetch_document: FetchDocument, cases_for: Callable[[str], Sequence[GoldenCase]],
                  events: HealthEvents, rules: Mapping[str, RequestRules] | None = None,
-                 drift: DriftMonitor | None = None) -> None:
+                 drift: DriftMonitor | None = None, lifecycle: Lifecycle | None = None) -> None:
         self.config = config
         self.settings = config.proxy
         self.filter = OutputFilter(config.filtering.rules)
@@ -98,6 +102,12 @@ class ServingCore:
         #: Models without a reference cost one set lookup per request (`DriftMonitor.wants`).
         self.drift = drift if drift is not None else DriftMonitor(
             config.drift, {}, count_nan=not config.validation.reject_non_finite)
+        #: In-flight accounting for the drain on SIGTERM (the app's, shared with /readyz).
+        self.lifecycle = lifecycle if lifecycle is not None else Lifecycle()
+        self.requests = RequestWrapper(telemetry=self.telemetry, lifecycle=self.lifecycle)
+        #: `async with core.request(protocol, request_id, traceparent, method=..., path=...) as scope`:
+        #: the outer part of every request on every front (sidecar.serving.request).
+        self.request = self.requests.open
         self._cases_for = cases_for
         self._events = events
         self._breakers: dict[str, Breaker] = {}

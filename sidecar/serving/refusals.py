@@ -73,6 +73,9 @@ class Reason(str, enum.Enum):
     # A stream that began and then went silent for generation.idle_timeout_s (an error event, as the
     # status was already sent).
     STREAM_IDLE = ("stream_idle", 504, "DEADLINE_EXCEEDED")
+    # An unexpected exception inside the sidecar (a bug): logged with its traceback, counted in
+    # proxy_internal_errors_total (sidecar.serving.request decides it, for every front).
+    INTERNAL_ERROR = ("internal_error", 500, "INTERNAL")
     # Counted, never seen by the client (499 is nginx's code for it).
     CLIENT_GONE = ("client_disconnected", 499, "CANCELLED")
 

@@ -43,6 +43,14 @@ class RequestContext:
     #: Bounded model label for metrics: a tracked model's name, SERVER_LABEL or UNKNOWN_LABEL.
     label: str = SERVER_LABEL
     started: float = field(default_factory=time.perf_counter)
+    #: What the front answered: HTTP status or gRPC status code name; "" until the answer begins.
+    code: str = ""
+
+    def answered(self, code: int | str) -> None:
+        """The front's answer has begun with this HTTP status or gRPC code name (a stream calls it
+        when it sends its status): from now on an exception can no longer be answered, only logged
+        and counted (sidecar.serving.request)."""
+        self.code = str(code)
 
 
 class RequestTelemetry:
@@ -55,11 +63,11 @@ class RequestTelemetry:
         self._rejections: dict[tuple[str, ...], Any] = {}
         self._in_flight: dict[tuple[str, ...], Any] = {}
         self._filtered: dict[tuple[str, ...], Any] = {}
+        self._internal_errors: dict[tuple[str, ...], Any] = {}
 
-    def begin(self, protocol: str, request_id: str | None, traceparent: str | None) -> RequestContext:
-        """The request's context: the client's X-Request-ID when it is sane, else a new one."""
-        rid = request_id if request_id and _REQUEST_ID.fullmatch(request_id) else self.new_request_id()
-        return RequestContext(protocol, rid, trace_id(traceparent))
+    def request_id(self, sent: str | None) -> str:
+        """The client's X-Request-ID when it is sane, else a new one."""
+        return sent if sent and _REQUEST_ID.fullmatch(sent) else self.new_request_id()
 
     def new_request_id(self) -> str:
         """A random 32-hex-digit id (uuid4's shape, without its urandom syscall per request)."""
@@ -92,6 +100,10 @@ class RequestTelemetry:
     def rejected(self, ctx: RequestContext, reason: str) -> None:
         _child(self._rejections, self._metrics.proxy_rejections, protocol=ctx.protocol, model=ctx.label,
                reason=reason).inc()
+
+    def internal_error(self, ctx: RequestContext) -> None:
+        _child(self._internal_errors, self._metrics.proxy_internal_errors, protocol=ctx.protocol,
+               model=ctx.label).inc()
 
     def in_flight(self, model: str) -> Any:
         return _child(self._in_flight, self._metrics.in_flight, model=model)

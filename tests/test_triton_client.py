@@ -1,0 +1,71 @@
+"""The health side's Triton client on its one aiohttp session, against the real shared Triton: every
+call answers as tritonclient's did, and failures come out typed (TritonError with Triton's status and
+words, TritonUnavailable for no connection, TritonTimeout for no answer in time)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sidecar.devtools.tritonserver import free_port
+from sidecar.golden.cases import load_golden_dir
+from sidecar.health.triton_client import TritonClient
+from sidecar.protocol.triton_errors import TritonError, TritonTimeout, TritonUnavailable
+from tests.harness import GOLDEN
+
+
+async def test_every_call_answers_over_one_session(triton):
+    client = TritonClient(triton.url, timeout_s=5.0)
+    try:
+        assert await client.server_live() and await client.server_ready()
+        assert await client.model_ready("credit_risk") and not await client.model_ready("no_such_model")
+        assert (await client.model_metadata("credit_risk"))["name"] == "credit_risk"
+        assert (await client.model_config("credit_risk"))["name"] == "credit_risk"
+        index = await client.repository_index()
+        assert {"name": "credit_risk", "state": "READY"}.items() <= next(
+            e for e in index if e["name"] == "credit_risk").items()
+        case = next(c for c in load_golden_dir(GOLDEN)["credit_risk"] if c.expect_status == 200)
+        outcome = await client.infer_case(case)
+        assert outcome.status == 200 and outcome.outputs
+        session = client._http
+        await client.server_ready()
+        assert client._http is session and session is not None, "one session for every call"
+    finally:
+        await client.close()
+
+
+async def test_failures_are_typed_with_triton_s_status_and_words(triton):
+    client = TritonClient(triton.url, timeout_s=5.0)
+    try:
+        with pytest.raises(TritonError) as unknown:
+            await client.model_metadata("no_such_model")
+        assert unknown.value.status in (400, 404) and "no_such_model" in unknown.value.message
+        with pytest.raises(TritonError) as version:
+            await client.model_metadata("credit_risk", version="99")
+        assert version.value.status >= 400 and "99" in version.value.message
+        # A server without a config to give (MLServer has no config endpoint) answers 404: no config.
+        assert await client.model_config("credit_risk", version="99") == {}
+    finally:
+        await client.close()
+
+
+async def test_no_connection_is_unavailable_and_no_answer_is_a_timeout():
+    refused = TritonClient(f"http://127.0.0.1:{free_port()}", timeout_s=2.0)
+    with pytest.raises(TritonUnavailable) as no_server:
+        await refused.server_live()
+    assert not isinstance(no_server.value, TritonTimeout)
+    await refused.close()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)  # accept, read the request, never answer
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    mute = TritonClient(f"http://127.0.0.1:{port}", timeout_s=0.3)
+    try:
+        with pytest.raises(TritonTimeout):
+            await mute.model_metadata("credit_risk")
+    finally:
+        await mute.close()
+        server.close()
