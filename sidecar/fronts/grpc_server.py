@@ -28,8 +28,9 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from sidecar.fronts.appkeys import CONFIG, LIFECYCLE, SERVING, STATES, WATCH
+from sidecar.fronts.appkeys import CONFIG, LIFECYCLE, SERVING, STATES, TLS, WATCH
 from sidecar.fronts.http_routes import exposed_extensions, server_problems
+from sidecar.fronts.tls import grpc_client_subject
 from sidecar.messages import cut
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
 from sidecar.serving.core import OutputPolicy, Screened, ServingCore
@@ -231,7 +232,8 @@ class GrpcFront:
         self.upstream_stream = self.channel.stream_stream(f"/{SERVICE}/ModelStreamInfer")
         self._unary = {name: self.channel.unary_unary(f"/{SERVICE}/{name}") for name in
                        ("ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics")}
-        self.server = grpc.aio.server(options=[
+        self.tls = app.get(TLS)
+        self.server = grpc.aio.server(interceptors=self.tls.grpc_interceptors() if self.tls else None, options=[
             ("grpc.max_receive_message_length", config.validation.max_body_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0),
@@ -252,9 +254,14 @@ class GrpcFront:
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, handlers)])
         health_pb2_grpc.add_HealthServicer_to_server(HealthService(app), self.server)
         self.port = 0
+        #: The client certificate's subject for the access log (mutual TLS only: it costs a lookup per call).
+        self._client_subject = grpc_client_subject if self.tls and self.tls.mutual else _no_client
 
     async def start(self, host: str, port: int) -> None:
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.tls is not None:  # new connections ask self.tls for the certificate in force
+            self.port = self.server.add_secure_port(f"{host}:{port}", self.tls.grpc_credentials())
+        else:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
         if not self.port:
             raise OSError(f"cannot listen for gRPC on {host}:{port} (listen.grpc_port)")
         await self.server.start()
@@ -271,7 +278,8 @@ class GrpcFront:
         async def run(payload: bytes, context: grpc.aio.ServicerContext) -> bytes:
             telemetry = self.core.telemetry
             metadata = dict(context.invocation_metadata() or ())
-            ctx = telemetry.begin(GRPC, metadata.get("x-request-id"), metadata.get("traceparent"))
+            ctx = telemetry.begin(GRPC, metadata.get("x-request-id"), metadata.get("traceparent"),
+                                  self._client_subject(context))
             lifecycle = self.app[LIFECYCLE]
             lifecycle.request_started()
             tokens = structlog.contextvars.bind_contextvars(request_id=ctx.request_id, trace_id=ctx.trace_id)
@@ -413,7 +421,8 @@ class GrpcFront:
         trusted any more: then the stream ends with UNAVAILABLE."""
         core = self.core
         metadata = dict(context.invocation_metadata() or ())
-        ctx = core.telemetry.begin(GRPC, metadata.get("x-request-id"), metadata.get("traceparent"))
+        ctx = core.telemetry.begin(GRPC, metadata.get("x-request-id"), metadata.get("traceparent"),
+                                  self._client_subject(context))
         lifecycle = self.app[LIFECYCLE]
         lifecycle.request_started()
         outbox: asyncio.Queue[Any] = asyncio.Queue()
@@ -499,6 +508,10 @@ class GrpcFront:
             return payload
         response.infer_response.ParseFromString(answer.payload)
         return response.SerializeToString()
+
+
+def _no_client(context: grpc.aio.ServicerContext) -> str:
+    return ""
 
 
 def _parse_infer(payload: bytes) -> pb.ModelInferRequest:

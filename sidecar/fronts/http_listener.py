@@ -34,7 +34,7 @@ import httptools
 import structlog
 from aiohttp import web
 
-from sidecar.fronts.appkeys import CONFIG, LIFECYCLE, SERVING, UPSTREAM_POOL
+from sidecar.fronts.appkeys import CONFIG, LIFECYCLE, SERVING, TLS, UPSTREAM_POOL
 from sidecar.fronts.http_routes import (
     HttpInferExchange,
     body_timeout,
@@ -43,6 +43,7 @@ from sidecar.fronts.http_routes import (
     parse_header_length,
     unreadable_body,
 )
+from sidecar.fronts.tls import subject_of
 from sidecar.serving.core import ServingCore
 from sidecar.serving.refusals import Reason, Refusal
 from sidecar.serving.telemetry import HTTP, RequestContext
@@ -131,11 +132,14 @@ class _Connection(asyncio.Protocol):
         self._paused = False
         self._closing = False
         self._handing_over = False
+        #: The client certificate's subject (mutual TLS), for the access log.
+        self._client = ""
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        self._client = subject_of(transport.get_extra_info("peercert"))
         self._listener.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -296,7 +300,8 @@ class _Connection(asyncio.Protocol):
         self._listener.fast_requests += 1
         lifecycle = self._listener.app[LIFECYCLE]
         lifecycle.request_started()
-        ctx = core.telemetry.begin(HTTP, request.headers.get("x-request-id"), request.headers.get("traceparent"))
+        ctx = core.telemetry.begin(HTTP, request.headers.get("x-request-id"), request.headers.get("traceparent"),
+                                   self._client)
         tokens = structlog.contextvars.bind_contextvars(request_id=ctx.request_id, trace_id=ctx.trace_id)
         reason = ""
         path = request.url.decode("latin-1")
@@ -363,7 +368,8 @@ class _Connection(asyncio.Protocol):
             self._abort()
             return
         core = self._core
-        ctx = core.telemetry.begin(HTTP, request.headers.get("x-request-id"), request.headers.get("traceparent"))
+        ctx = core.telemetry.begin(HTTP, request.headers.get("x-request-id"), request.headers.get("traceparent"),
+                                   self._client)
         ctx.label = core.admission.label(unquote(request.model))
         core.telemetry.rejected(ctx, refusal.reason.value)
         status, headers, body = _refusal_parts(refusal)
@@ -454,7 +460,11 @@ class SidecarListener:
         await self.runner.setup()
         self._aiohttp_server = self.runner.server
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True)
+        factory: Any = lambda: _Connection(self)  # noqa: E731
+        tls = self.app.get(TLS)
+        if tls is not None:  # every connection completes a TLS handshake first (sidecar/fronts/tls.py)
+            factory = tls.protocol_factory(factory)
+        self._server = await loop.create_server(factory, host, port, reuse_address=True)
 
     @property
     def port(self) -> int:

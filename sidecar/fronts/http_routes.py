@@ -27,6 +27,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from sidecar.fronts.appkeys import LIFECYCLE, SERVING, STATES, UPSTREAM, UPSTREAM_POOL, WATCH
+from sidecar.fronts.tls import subject_of
 from sidecar.fronts.upstream_pool import UpstreamDropped, UpstreamError, UpstreamPool, UpstreamUnreachable
 from sidecar.messages import cut
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
@@ -142,7 +143,8 @@ def _proxied(handler: ProxyHandler) -> Callable[[web.Request], Awaitable[web.Str
     async def run(request: web.Request) -> web.StreamResponse:
         telemetry = request.app[SERVING].telemetry
         headers = request.headers
-        ctx = telemetry.begin(HTTP, headers.get("X-Request-ID"), headers.get("traceparent"))
+        ctx = telemetry.begin(HTTP, headers.get("X-Request-ID"), headers.get("traceparent"),
+                              subject_of(request.get_extra_info("peercert")))
         reason = ""
         # bind + reset by token: bound_contextvars() copies the whole context on every request
         tokens = structlog.contextvars.bind_contextvars(request_id=ctx.request_id, trace_id=ctx.trace_id)

@@ -39,10 +39,11 @@ log = structlog.get_logger("sidecar.reload")
 RELOAD_POLL_S = 1.0
 
 
-#: Top-level keys read once at start-up: the sockets, the Triton client, the proxy's connection
+#: Top-level keys read once at start-up: the sockets and their TLS settings (the certificate files
+#: themselves are watched by sidecar.fronts.tls), the Triton client, the proxy's connection
 #: pool and breakers, the logging setup, and the watched directory itself. A change is logged as
 #: needing a restart and the running value is kept.
-RESTART_ONLY = frozenset({"triton", "listen", "golden_dir", "proxy", "logging"})
+RESTART_ONLY = frozenset({"triton", "listen", "tls", "golden_dir", "proxy", "logging"})
 
 
 #: One file as last seen: name, and the device, inode, mtime (ns) and size of what it resolves to.
@@ -51,7 +52,7 @@ RESTART_ONLY = frozenset({"triton", "listen", "golden_dir", "proxy", "logging"})
 FileKey = tuple[str, int, int, int, int]
 
 
-def _file_key(path: Path) -> FileKey:
+def file_key(path: Path) -> FileKey:
     try:
         st = os.stat(path)
         return (path.name, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
@@ -85,7 +86,7 @@ class GoldenStore:
         self._seen: dict[str, tuple[FileKey, ...]] = {}
         for model_dir in golden_model_dirs(golden_dir):
             try:
-                self._seen[model_dir.name] = tuple(_file_key(p) for p in golden_files(model_dir))
+                self._seen[model_dir.name] = tuple(file_key(p) for p in golden_files(model_dir))
             except OSError:
                 continue
         self.cases: dict[str, tuple[GoldenCase, ...]] = {m: tuple(c) for m, c in cases.items()}
@@ -109,7 +110,7 @@ class GoldenStore:
                 log.info("golden_files_removed", model=model, golden_dir=str(self.golden_dir))
         for model, model_dir in present.items():
             try:
-                key = tuple(_file_key(p) for p in golden_files(model_dir))
+                key = tuple(file_key(p) for p in golden_files(model_dir))
             except OSError:
                 continue  # the folder went away between listing and reading: next pass sees it
             if not force and self._seen.get(model) == key:
@@ -176,7 +177,7 @@ class LiveConfig:
         self.loaded_at = clock()
         #: Dotted keys changed in the file that only a restart applies.
         self.needs_restart: tuple[str, ...] = ()
-        self._seen = _file_key(path) if path is not None else None
+        self._seen = file_key(path) if path is not None else None
         self._trigger = asyncio.Event()
 
     def request_reload(self) -> None:
@@ -192,7 +193,7 @@ class LiveConfig:
         load is refused (logged, counted) and None returned."""
         if self.path is None:
             return None
-        key = _file_key(self.path)
+        key = file_key(self.path)
         if not force and key == self._seen:
             return None
         self._seen = key

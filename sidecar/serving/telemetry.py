@@ -42,6 +42,8 @@ class RequestContext:
     trace_id: str
     #: Bounded model label for metrics: a tracked model's name, SERVER_LABEL or UNKNOWN_LABEL.
     label: str = SERVER_LABEL
+    #: The client certificate's subject on a mutual-TLS connection ("" otherwise), for the access log.
+    client: str = ""
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -56,10 +58,10 @@ class RequestTelemetry:
         self._in_flight: dict[tuple[str, ...], Any] = {}
         self._filtered: dict[tuple[str, ...], Any] = {}
 
-    def begin(self, protocol: str, request_id: str | None, traceparent: str | None) -> RequestContext:
+    def begin(self, protocol: str, request_id: str | None, traceparent: str | None, client: str = "") -> RequestContext:
         """The request's context: the client's X-Request-ID when it is sane, else a new one."""
         rid = request_id if request_id and _REQUEST_ID.fullmatch(request_id) else self.new_request_id()
-        return RequestContext(protocol, rid, trace_id(traceparent))
+        return RequestContext(protocol, rid, trace_id(traceparent), client=client)
 
     def new_request_id(self) -> str:
         """A random 32-hex-digit id (uuid4's shape, without its urandom syscall per request)."""
@@ -85,6 +87,8 @@ class RequestTelemetry:
         }
         if reason:
             fields["reason"] = reason
+        if ctx.client:
+            fields["client_subject"] = ctx.client
         if ctx.protocol == HTTP:
             fields["status"] = int(code)
         (log.warning if _is_server_side(code) else log.info)("proxy_request", **fields)
