@@ -140,11 +140,17 @@ def load_material(section: TlsSection, *, now: Callable[[], float] = time.time) 
     return TlsMaterial(context, grpc_config, not_after, leaf.serial_number, leaf.subject.rfc4514_string())
 
 
+#: ssl's long attribute names as RFC 4514 writes them (and as gRPC core reports a client's subject).
+_SHORT_NAMES = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C",
+                "stateOrProvinceName": "ST", "localityName": "L", "domainComponent": "DC", "userId": "UID"}
+
+
 def subject_of(peercert: dict[str, Any] | None) -> str:
-    """The RFC 4514-like subject of ssl's getpeercert() dict ("CN=client,O=bank"), or ""."""
+    """The RFC 4514 subject of ssl's getpeercert() dict ("CN=client,O=bank"), or ""."""
     if not peercert:
         return ""
-    return ",".join(f"{name}={value}" for rdn in reversed(peercert.get("subject", ())) for name, value in rdn)
+    return ",".join(f"{_SHORT_NAMES.get(name, name)}={value}"
+                    for rdn in reversed(peercert.get("subject", ())) for name, value in rdn)
 
 
 def _sans_of(peercert: dict[str, Any] | None) -> set[str]:
