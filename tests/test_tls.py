@@ -30,6 +30,7 @@ from sidecar.config import ConfigError, load_config
 from sidecar.devtools.tritonserver import free_port
 from sidecar.fronts.appkeys import TLS
 from sidecar.fronts.grpc_server import SERVICE
+from sidecar.fronts.tls import HANDSHAKE_REASONS, handshake_reason
 from sidecar.states import ModelState
 from tests.harness import GOLDEN, REPO, wait_for
 from tests.proxy_support import credit_json, features, proxy_config, started_and_healthy
@@ -363,3 +364,24 @@ async def test_healing_works_as_ever_with_tls_on(triton, start, ca, tmp_path, fr
     await wait_for(lambda: sidecar.first_transition_to(fresh_model.name, ModelState.HEALING) is not None, 30,
                    what="heal started")
     await wait_for(lambda: sidecar.state(fresh_model.name) is ModelState.HEALTHY, 60, what="healed")
+
+
+def test_handshake_failures_are_labelled_with_a_bounded_reason():
+    http_request = ssl.SSLError(1, "[SSL: HTTP_REQUEST] http request")
+    http_request.reason = "HTTP_REQUEST"
+    no_cert = ssl.SSLError(1, "peer did not return a certificate")
+    no_cert.reason = "PEER_DID_NOT_RETURN_A_CERTIFICATE"
+    odd = ssl.SSLError(1, "something new")
+    odd.reason = "SOMETHING_NEW_IN_OPENSSL_4"
+    cases = {
+        http_request: "not_tls",
+        no_cert: "no_client_certificate",
+        ConnectionAbortedError("SSL handshake is taking longer than 10.0 seconds: aborting the connection"):
+            "timeout",
+        ConnectionResetError(): "client_closed",
+        ssl.SSLEOFError(8, "EOF occurred in violation of protocol"): "client_closed",
+        odd: "other",
+    }
+    for error, reason in cases.items():
+        assert handshake_reason(error) == reason, error
+        assert reason in HANDSHAKE_REASONS

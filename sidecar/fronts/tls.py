@@ -159,8 +159,12 @@ def _sans_of(peercert: dict[str, Any] | None) -> set[str]:
 
 def handshake_reason(error: BaseException) -> str:
     """The bounded label for a failed handshake (OpenSSL's reason codes, asyncio's timeouts)."""
-    if isinstance(error, TimeoutError):
+    # asyncio aborts a handshake that outlasts ssl_handshake_timeout with this error and message.
+    if isinstance(error, TimeoutError) or (isinstance(error, ConnectionAbortedError)
+                                           and "taking longer than" in str(error)):
         return "timeout"
+    if isinstance(error, (ConnectionError, EOFError, ssl.SSLEOFError)):
+        return "client_closed"
     if isinstance(error, ssl.SSLError):
         reason = error.reason or ""
         if reason in ("HTTP_REQUEST", "WRONG_VERSION_NUMBER", "HTTPS_PROXY_REQUEST", "UNEXPECTED_RECORD",
@@ -173,8 +177,6 @@ def handshake_reason(error: BaseException) -> str:
         if reason in ("CERTIFICATE_VERIFY_FAILED", "TLSV1_ALERT_UNKNOWN_CA"):
             return "client_certificate_rejected"
         return "other"
-    if isinstance(error, (ConnectionError, EOFError)) or isinstance(error, ssl.SSLEOFError):
-        return "client_closed"
     return "other"
 
 
