@@ -26,10 +26,20 @@ import numpy as np
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
 
-async def drive(target: str, payload: bytes, concurrency: int, duration_s: float) -> dict[str, Any]:
+def channel_to(target: str, ca: Path | None) -> grpc.aio.Channel:
+    """Plaintext, or TLS that trusts `ca` (the certificate names localhost; the target may be an address)."""
+    options = [("grpc.max_receive_message_length", -1)]
+    if ca is None:
+        return grpc.aio.insecure_channel(target, options=options)
+    options.append(("grpc.ssl_target_name_override", "localhost"))
+    return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(ca.read_bytes()), options=options)
+
+
+async def drive(target: str, payload: bytes, concurrency: int, duration_s: float,
+                ca: Path | None = None) -> dict[str, Any]:
     latencies: list[float] = []
     errors: collections.Counter[str] = collections.Counter()
-    async with grpc.aio.insecure_channel(target, options=[("grpc.max_receive_message_length", -1)]) as channel:
+    async with channel_to(target, ca) as channel:
         infer = channel.unary_unary(METHOD)
         await infer(payload, timeout=30)  # the channel is connected before the clock starts
         started = time.perf_counter()
@@ -63,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request", required=True, type=Path, help="a serialized ModelInferRequest")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--ca", type=Path, help="speak TLS, trusting this CA certificate (PEM)")
     args = parser.parse_args(argv)
-    result = asyncio.run(drive(args.target, args.request.read_bytes(), args.concurrency, args.duration))
+    result = asyncio.run(drive(args.target, args.request.read_bytes(), args.concurrency, args.duration, args.ca))
     print(json.dumps(result))
     return 0
 

@@ -64,9 +64,11 @@ def check_leg(name: str, target: str, model: str, x: np.ndarray) -> str | None:
     return None
 
 
-def run_load(target: str, request_file: Path, concurrency: int, duration_s: float) -> dict[str, Any]:
+def run_load(target: str, request_file: Path, concurrency: int, duration_s: float,
+             ca: Path | None = None) -> dict[str, Any]:
+    tls = ["--ca", str(ca)] if ca is not None else []
     out = subprocess.run([sys.executable, "-m", "bench.grpc_load", "--target", target, "--request", str(request_file),
-                          "--concurrency", str(concurrency), "--duration", str(duration_s)],
+                          "--concurrency", str(concurrency), "--duration", str(duration_s), *tls],
                          capture_output=True, text=True, check=True, timeout=duration_s + 60)
     return json.loads(out.stdout)
 

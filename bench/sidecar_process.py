@@ -58,7 +58,9 @@ class SidecarProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.settings['listen']['port']}"
+        """Where readiness is asked: the plaintext probe port when there is one (TLS on the main port)."""
+        listen = self.settings["listen"]
+        return f"http://127.0.0.1:{listen.get('probe_port') or listen['port']}"
 
     @property
     def pid(self) -> int:

@@ -51,6 +51,36 @@ class ListenSection:
     #: Answer POST .../infer on the httptools path (sidecar/http_listener.py), a fraction of aiohttp's
     #: CPU per request; off = every request through aiohttp (same answers; kept as an escape hatch).
     fast_infer: bool = True
+    #: > 0: a plaintext port serving only /healthz, /readyz and /metrics. With TLS (and above all
+    #: mutual TLS) on, the kubelet and Prometheus cannot present a client certificate; 0 = none.
+    probe_port: int = 0
+
+
+#: The TLS versions `tls.min_version` may name; 1.0 and 1.1 are deprecated (RFC 8996).
+TLS_VERSIONS = ("1.2", "1.3")
+
+
+@dataclass(frozen=True)
+class TlsSection:
+    """TLS on listen.port and listen.grpc_port (sidecar/fronts/tls.py); the files are watched and a
+    new pair serves new connections within about a second (cert-manager renews in place)."""
+
+    #: PEM certificate chain, server certificate first; with key_file set, TLS is on.
+    cert_file: str = ""
+    #: PEM private key of that certificate (unencrypted: nobody is there to type a passphrase).
+    key_file: str = ""
+    #: PEM CA bundle; set, every client must present a certificate it signed (mutual TLS).
+    client_ca_file: str = ""
+    #: DNS or URI subject alternative names a client certificate must carry one of; empty = any
+    #: certificate client_ca_file signed.
+    client_allowed_sans: tuple[str, ...] = ()
+    #: Lowest TLS version accepted on the HTTP port ("1.2" or "1.3"); 1.2 because many clients
+    #: (Java 8, older Go, curl on old distributions) still stop there.
+    min_version: str = "1.2"
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file and self.key_file)
 
 
 @dataclass(frozen=True)
@@ -241,6 +271,7 @@ class LoggingSection:
 class SidecarConfig:
     triton: TritonSection = field(default_factory=TritonSection)
     listen: ListenSection = field(default_factory=ListenSection)
+    tls: TlsSection = field(default_factory=TlsSection)
     #: Directory of golden requests: <golden_dir>/<model>/<case>.json|yaml.
     golden_dir: Path = Path("golden_requests")
     #: Models to guard; empty means every model in Triton's repository index.
@@ -306,7 +337,14 @@ CONFIG_SCHEMA: dict[str, Any] = {
             repository_token=_STR,
         ),
         "listen": _section(host={"type": "string", "minLength": 1}, port=_int(1, 65535),
-                           grpc_port=_int(0, 65535), fast_infer={"type": "boolean"}),
+                           grpc_port=_int(0, 65535), fast_infer={"type": "boolean"}, probe_port=_int(0, 65535)),
+        "tls": _section(
+            cert_file=_STR,
+            key_file=_STR,
+            client_ca_file=_STR,
+            client_allowed_sans={"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True},
+            min_version={"enum": list(TLS_VERSIONS)},
+        ),
         "golden_dir": {"type": "string", "minLength": 1},
         "models": {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True},
         "probes": _section(
@@ -489,6 +527,7 @@ def _check_cross_field_rules(raw: dict[str, Any], source: str) -> None:
     healing = raw.get("healing", {})
     if healing.get("backoff_initial_s", 1.0) > healing.get("backoff_max_s", 30.0):
         raise ConfigError(f"{source}: key 'healing.backoff_initial_s' must not exceed healing.backoff_max_s")
+    _check_tls_keys(raw.get("tls", {}), raw.get("listen", {}), source)
     for i, rule in enumerate(raw.get("filtering", {}).get("rules", [])):
         for j, pattern in enumerate([rule["model"], *rule["drop_outputs"]]):
             try:
@@ -499,6 +538,19 @@ def _check_cross_field_rules(raw: dict[str, Any], source: str) -> None:
                     f"{source}: key 'filtering.rules.{i}.{key}': not a regular expression: {e}"
                 ) from e
 
+
+def _check_tls_keys(tls: Mapping[str, Any], listen: Mapping[str, Any], source: str) -> None:
+    """Half a TLS setup is a mistake, never a choice: refuse it instead of serving plaintext."""
+    if bool(tls.get("cert_file")) != bool(tls.get("key_file")):
+        given, missing = ("cert_file", "key_file") if tls.get("cert_file") else ("key_file", "cert_file")
+        raise ConfigError(f"{source}: key 'tls.{missing}' must be set with tls.{given} (both or neither)")
+    if (tls.get("client_ca_file") or tls.get("client_allowed_sans")) and not tls.get("cert_file"):
+        raise ConfigError(f"{source}: key 'tls.client_ca_file' (mutual TLS) needs tls.cert_file and tls.key_file")
+    if tls.get("client_allowed_sans") and not tls.get("client_ca_file"):
+        raise ConfigError(f"{source}: key 'tls.client_allowed_sans' needs tls.client_ca_file (mutual TLS)")
+    probe_port = listen.get("probe_port", 0)
+    if probe_port and probe_port in (listen.get("port", 8080), listen.get("grpc_port", 8081)):
+        raise ConfigError(f"{source}: key 'listen.probe_port' must differ from listen.port and listen.grpc_port")
 
 
 def _generation(raw: Mapping[str, Any]) -> GenerationSection:
@@ -520,6 +572,12 @@ def _drift(raw: Mapping[str, Any]) -> DriftSection:
     return DriftSection(**values)
 
 
+def _tls(raw: Mapping[str, Any]) -> TlsSection:
+    values = dict(raw)
+    values["client_allowed_sans"] = tuple(values.get("client_allowed_sans", ()))
+    return TlsSection(**values)
+
+
 def _build(raw: dict[str, Any], source: str) -> SidecarConfig:
     filtering = raw.get("filtering", {})
     rules = tuple(
@@ -531,6 +589,7 @@ def _build(raw: dict[str, Any], source: str) -> SidecarConfig:
     return SidecarConfig(
         triton=TritonSection(**raw.get("triton", {})),
         listen=ListenSection(**raw.get("listen", {})),
+        tls=_tls(raw.get("tls", {})),
         golden_dir=Path(raw.get("golden_dir", "golden_requests")),
         models=tuple(raw.get("models", ())),
         probes=ProbesSection(**raw.get("probes", {})),

@@ -123,6 +123,15 @@ class SidecarMetrics:
                                       "(complete, or the reason of their error event).", ["model", "outcome"],
                                       registry=registry)
 
+        # TLS (sidecar/fronts/tls.py): series exist only when tls.cert_file is set
+        self.tls_cert_expiry = Gauge(f"{PREFIX}_tls_cert_expiry_timestamp_seconds", "notAfter of the certificate "
+                                     "served now (Unix time), by tls.cert_file; a renewal that is not picked up "
+                                     "shows here.", ["cert_file"], registry=registry)
+        self.tls_handshake_failures = Counter(f"{PREFIX}_tls_handshake_failures", "TLS connections refused, by "
+                                              "reason (not_tls, no_client_certificate, client_certificate_rejected, "
+                                              "client_san_not_allowed, protocol_version, timeout, client_closed, "
+                                              "other).", ["reason"], registry=registry)
+
         # Triton
         self.triton_up = Gauge(f"{PREFIX}_triton_up", "1 when Triton answers /v2/health/live.", registry=registry)
         self.triton_ready = Gauge(f"{PREFIX}_triton_ready", "1 when Triton answers /v2/health/ready.",

@@ -32,6 +32,7 @@ TARGETS = {
     "base": K8S / "base",
     "cpu": K8S / "overlays" / "cpu",
     "gpu": K8S / "overlays" / "gpu",
+    "tls": K8S / "overlays" / "tls",
 }
 GOLDEN_DIR = REPO / "golden_requests"
 EXAMPLE_MODELS = REPO / "examples" / "model_repository"
@@ -44,12 +45,15 @@ DOCKERIGNORE = REPO / ".dockerignore"
 #: fails here, not at `kubectl apply`.
 K8S_VERSIONS = ("1.30.0", "1.37.0")
 #: API groups whose kinds no Kubernetes schema covers; they are checked by hand below.
-CUSTOM_GROUPS = ("monitoring.coreos.com",)
+CUSTOM_GROUPS = ("monitoring.coreos.com", "cert-manager.io")
 
 SIDECAR = "sidecar"
 TRITON = "triton"
 SIDECAR_PORT = 8080
 SIDECAR_GRPC_PORT = 8081
+#: The plaintext port for the kubelet and Prometheus when the sidecar serves TLS (listen.probe_port).
+SIDECAR_PROBE_PORT = 8082
+TLS_DIR = "/etc/triton-sidecar/tls"
 TRITON_PORTS = {8000, 8001, 8002}
 #: Which sidecar endpoint each kind of kubelet probe must ask.
 PROBE_PATHS = {"startupProbe": "/readyz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
@@ -160,6 +164,15 @@ def one_flag(flags: dict[str, list[str]], name: str) -> str:
     return flags[name][0]
 
 
+def serves_tls(objects: tuple[dict[str, Any], ...]) -> bool:
+    return any(e["name"] == "SIDECAR_TLS_CERT_FILE" for e in container(pod_spec(objects), SIDECAR).get("env", []))
+
+
+def kubelet_port(objects: tuple[dict[str, Any], ...]) -> tuple[str, int]:
+    """The sidecar port (name, number) the kubelet and Prometheus use: the probe port with TLS on."""
+    return ("probe", SIDECAR_PROBE_PORT) if serves_tls(objects) else ("http", SIDECAR_PORT)
+
+
 def golden_models() -> list[str]:
     return sorted(p.name for p in GOLDEN_DIR.iterdir() if p.is_dir())
 
@@ -198,7 +211,7 @@ def test_every_builtin_object_is_valid_for_the_kubernetes_api(
 def test_custom_resources_have_what_the_prometheus_operator_requires(
     objects: tuple[dict[str, Any], ...]
 ) -> None:
-    custom = [o for o in objects if o["apiVersion"].split("/")[0] in CUSTOM_GROUPS]
+    custom = [o for o in objects if o["apiVersion"].split("/")[0] == "monitoring.coreos.com"]
     assert {o["kind"] for o in custom} == {"PodMonitor", "PrometheusRule"}
     pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
     for obj in custom:
@@ -211,7 +224,8 @@ def test_custom_resources_have_what_the_prometheus_operator_requires(
     # job="triton-sidecar": the job name k8s/monitoring's alerts match on.
     assert pod_labels.get(monitor["spec"]["jobLabel"]) == "triton-sidecar"
     endpoints = monitor["spec"]["podMetricsEndpoints"]
-    assert endpoints and all(e["port"] == "http" and e.get("path", "/metrics") == "/metrics" for e in endpoints)
+    port_name, _ = kubelet_port(objects)
+    assert endpoints and all(e["port"] == port_name and e.get("path", "/metrics") == "/metrics" for e in endpoints)
 
     for rule_object in of_kind(objects, "PrometheusRule"):
         groups = rule_object["spec"]["groups"]
@@ -226,11 +240,13 @@ def test_custom_resources_have_what_the_prometheus_operator_requires(
 # --- probes, ports, arguments ---------------------------------------------------------------------
 
 
-def test_every_kubelet_probe_asks_the_sidecar_on_port_8080(objects: tuple[dict[str, Any], ...]) -> None:
+def test_every_kubelet_probe_asks_the_sidecar_on_its_plaintext_port(objects: tuple[dict[str, Any], ...]) -> None:
+    """8080, or with TLS on the probe port 8082: the kubelet presents no client certificate."""
     spec = pod_spec(objects)
     sidecar = container(spec, SIDECAR)
     sidecar_ports = {p["containerPort"] for p in sidecar.get("ports", [])}
-    assert SIDECAR_PORT in sidecar_ports
+    _, expected = kubelet_port(objects)
+    assert SIDECAR_PORT in sidecar_ports and expected in sidecar_ports
     for c in all_containers(spec):
         for kind, path in PROBE_PATHS.items():
             probe = c.get(kind)
@@ -247,7 +263,7 @@ def test_every_kubelet_probe_asks_the_sidecar_on_port_8080(objects: tuple[dict[s
                 named = {p["name"]: p["containerPort"] for p in c.get("ports", []) if "name" in p}
                 assert port in named, f"{where}: named port {port!r} is not declared by {c['name']}"
                 port = named[port]
-            assert int(port) == SIDECAR_PORT, f"{where} asks port {port}, not the sidecar's {SIDECAR_PORT}"
+            assert int(port) == expected, f"{where} asks port {port}, not the sidecar's {expected}"
             assert get["path"] == path, f"{where} asks {get['path']}, must ask {path}"
             assert get.get("scheme", "HTTP") == "HTTP" and "host" not in get, f"{where}: plain HTTP to the pod IP"
     assert all(kind in sidecar for kind in PROBE_PATHS), "the sidecar needs startup, readiness and liveness probes"
@@ -275,7 +291,8 @@ def test_no_service_or_policy_exposes_a_triton_port(objects: tuple[dict[str, Any
         for rule in policy["spec"]["ingress"]:
             ports = {sidecar_named.get(p["port"], p["port"]) for p in rule["ports"]}
             name = policy["metadata"]["name"]
-            assert ports == {SIDECAR_PORT, SIDECAR_GRPC_PORT}, f"NetworkPolicy {name} admits {ports}"
+            admitted = {SIDECAR_PORT, SIDECAR_GRPC_PORT} | ({SIDECAR_PROBE_PORT} if serves_tls(objects) else set())
+            assert ports == admitted, f"NetworkPolicy {name} admits {ports}"
 
 
 def test_triton_listens_on_loopback_and_guards_its_repository_api(objects: tuple[dict[str, Any], ...]) -> None:
@@ -294,7 +311,8 @@ def test_triton_listens_on_loopback_and_guards_its_repository_api(objects: tuple
     assert (settings["listen"]["port"], settings["listen"]["grpc_port"]) == (sidecar_named["http"],
                                                                            sidecar_named["grpc"])
     service_ports = {p["name"]: p["targetPort"] for s in of_kind(objects, "Service") for p in s["spec"]["ports"]}
-    assert service_ports == {"http": "http", "grpc": "grpc"}
+    names = {"https": "http", "grpcs": "grpc"} if serves_tls(objects) else {"http": "http", "grpc": "grpc"}
+    assert service_ports == names
 
     header = settings["triton"]["repository_header"]
     assert header, "sidecar.yaml must name the repository header Triton demands"
@@ -645,3 +663,45 @@ def test_the_image_install_step_works_in_a_clean_venv(stages: list[Stage], tmp_p
     )
     assert absent.stdout.strip() == "[]", f"extras leaked into the image's venv: {absent.stdout}"
 
+
+# --- TLS overlay ------------------------------------------------------------------------------------
+
+
+def test_the_tls_overlay_serves_a_cert_manager_certificate_that_renews_in_place() -> None:
+    from sidecar.config import load_config
+
+    objects = _render("tls")
+    spec = pod_spec(objects)
+    sidecar = container(spec, SIDECAR)
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert env["SIDECAR_TLS_CERT_FILE"] == f"{TLS_DIR}/tls.crt" and env["SIDECAR_TLS_KEY_FILE"] == f"{TLS_DIR}/tls.key"
+    # The Secret as a directory (no subPath: a subPath mount never sees cert-manager's renewal).
+    mount, volume = sidecar_mounts(objects)[TLS_DIR]
+    assert "subPath" not in mount and mount.get("readOnly") is True
+    secret_name = volume["secret"]["secretName"]
+
+    certificates = {o["metadata"]["name"]: o for o in of_kind(objects, "Certificate")}
+    issuers = {o["metadata"]["name"] for o in of_kind(objects, "Issuer")}
+    served = [c for c in certificates.values() if c["spec"]["secretName"] == secret_name]
+    assert len(served) == 1, f"no Certificate writes the mounted Secret {secret_name}"
+    certificate = served[0]["spec"]
+    assert certificate["issuerRef"]["kind"] == "Issuer" and certificate["issuerRef"]["name"] in issuers
+    assert "triton-sidecar" in certificate["dnsNames"] and "server auth" in certificate["usages"]
+    assert certificate["privateKey"]["rotationPolicy"] == "Always"
+    hours = {key: float(certificate[key].removesuffix("h")) for key in ("duration", "renewBefore")}
+    # Renewed with more than the alert's 7 days to spare, so the alert means a renewal went wrong.
+    assert hours["renewBefore"] > 7 * 24 and hours["renewBefore"] < hours["duration"]
+    for cert in certificates.values():
+        assert cert["apiVersion"] == "cert-manager.io/v1" and cert["spec"]["issuerRef"]["name"] in issuers
+
+    # Both client ports are named for TLS; the probe port is in no Service.
+    service = one(objects, "Service")
+    by_port = {p["port"]: p for p in service["spec"]["ports"]}
+    assert set(by_port) == {SIDECAR_PORT, SIDECAR_GRPC_PORT}
+    assert all(p["appProtocol"] == "https" for p in by_port.values())
+
+    # The sidecar reads what the pod gives it: TLS on, the probe port where the probes go.
+    config_file = SIDECAR_CONFIG_FILE
+    config = load_config(config_file, {name: value or "stand-in" for name, value in env.items()})
+    assert config.tls.enabled and config.listen.probe_port == SIDECAR_PROBE_PORT
+    assert config.tls.cert_file.startswith(TLS_DIR + "/")

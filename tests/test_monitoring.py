@@ -59,6 +59,12 @@ SIDECAR_HISTOGRAMS = frozenset({
     "triton_sidecar_stream_events",
     "triton_sidecar_output_value",
 })
+#: TLS (tls.cert_file set): the alert reads the expiry; no dashboard panel draws them yet.
+TLS_METRICS = frozenset({
+    "triton_sidecar_tls_cert_expiry_timestamp_seconds",
+    "triton_sidecar_tls_handshake_failures_total",
+    "triton_sidecar_reload_failures_total",
+})
 #: Triton's own, passed through on the same scrape when metrics.include_triton is on.
 TRITON_METRICS = frozenset({
     "nv_inference_request_success",
@@ -78,6 +84,7 @@ METRICS_WITHOUT_MODEL = frozenset({
 
 CATALOG = frozenset(
     SIDECAR_METRICS
+    | TLS_METRICS
     | TRITON_METRICS
     | PROCESS_METRICS
     | {f"{h}{suffix}" for h in SIDECAR_HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}

@@ -32,6 +32,7 @@ from sidecar.fronts.appkeys import (
     ROSTER,
     SERVING,
     STATES,
+    TLS,
     TRITON,
     UPSTREAM,
     UPSTREAM_POOL,
@@ -40,6 +41,7 @@ from sidecar.fronts.appkeys import (
 from sidecar.fronts.generate_routes import add_generate_routes
 from sidecar.fronts.grpc_server import grpc_front
 from sidecar.fronts.http_routes import add_http_routes, document_fetcher
+from sidecar.fronts.tls import ServerTls
 from sidecar.fronts.upstream_pool import UpstreamPool
 from sidecar.golden.cases import GoldenCase, load_golden_dir
 from sidecar.health.healer import Healer
@@ -82,6 +84,9 @@ def create_app(
     app[CONFIG] = config
     metrics = SidecarMetrics(registry or CollectorRegistry())
     app[METRICS] = metrics
+    if config.tls.enabled:  # a bad certificate, key or CA file stops the start here (TlsFileError)
+        app[TLS] = ServerTls(config.tls, metrics=metrics)
+        app.cleanup_ctx.append(app[TLS].watching)
     store = GoldenStore(config.golden_dir, golden if golden is not None else load_golden_dir(config.golden_dir),
                         metrics=metrics)
     app[LIVE] = LiveConfig(config, golden=store, metrics=metrics, path=config_path)

@@ -11,6 +11,7 @@ import structlog
 
 from sidecar import __version__
 from sidecar.app.factory import create_app
+from sidecar.app.probe_port import ProbeListener
 from sidecar.cli.arguments import EXIT_OK
 from sidecar.config import SidecarConfig, load_config
 from sidecar.fronts.appkeys import HEALER, LIFECYCLE, LIVE
@@ -42,8 +43,12 @@ async def serve(config: SidecarConfig, golden: dict, *, stop: asyncio.Event | No
     app = create_app(config, golden=golden, config_path=config_path)
     listener = SidecarListener(app)
     await listener.start(config.listen.host, config.listen.port)
+    probes = ProbeListener(app)
+    if config.listen.probe_port:
+        await probes.start(config.listen.host, config.listen.probe_port)
     log.info("sidecar_started", version=__version__, listen=f"{config.listen.host}:{config.listen.port}",
-             triton=config.triton.url, config=config.source)
+             triton=config.triton.url, config=config.source, tls=config.tls.enabled,
+             mutual_tls=bool(config.tls.client_ca_file), probe_port=config.listen.probe_port or None)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -61,6 +66,7 @@ async def serve(config: SidecarConfig, golden: dict, *, stop: asyncio.Event | No
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+        await probes.close()
         await listener.close()
         log.info("sidecar_stopped")
 

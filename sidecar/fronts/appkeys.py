@@ -7,6 +7,7 @@ import aiohttp
 from aiohttp import web
 
 from sidecar.config import SidecarConfig
+from sidecar.fronts.tls import ServerTls
 from sidecar.fronts.upstream_pool import UpstreamPool
 from sidecar.health.healer import Healer
 from sidecar.health.prober import Prober
@@ -70,3 +71,7 @@ READINESS = web.AppKey("readiness", Readiness)
 #: The serving core shared by the HTTP and gRPC fronts (admission, specs, breakers, signals, telemetry).
 SERVING = web.AppKey("serving", ServingCore)
 
+
+
+#: The TLS material in force and its watch; set only when tls.cert_file and tls.key_file are.
+TLS = web.AppKey("tls", ServerTls)

@@ -28,8 +28,9 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from sidecar.fronts.appkeys import CONFIG, READINESS, SERVING, STATES, WATCH
+from sidecar.fronts.appkeys import CONFIG, READINESS, SERVING, STATES, TLS, WATCH
 from sidecar.fronts.http_routes import exposed_extensions
+from sidecar.fronts.tls import grpc_client_subject
 from sidecar.messages import cut
 from sidecar.protocol.answers import BINARY_DTYPES, AnswerTensor
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
@@ -254,7 +255,8 @@ class GrpcFront:
         self.upstream_stream = self.channel.stream_stream(f"/{SERVICE}/ModelStreamInfer")
         self._unary = {name: self.channel.unary_unary(f"/{SERVICE}/{name}") for name in
                        ("ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics")}
-        self.server = grpc.aio.server(options=[
+        self.tls = app.get(TLS)
+        self.server = grpc.aio.server(interceptors=self.tls.grpc_interceptors() if self.tls else None, options=[
             ("grpc.max_receive_message_length", config.validation.max_body_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0),
@@ -275,9 +277,14 @@ class GrpcFront:
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, handlers)])
         health_pb2_grpc.add_HealthServicer_to_server(HealthService(app), self.server)
         self.port = 0
+        #: The client certificate's subject for the access log (mutual TLS only: it costs a lookup per call).
+        self._client_subject = grpc_client_subject if self.tls and self.tls.mutual else _no_client
 
     async def start(self, host: str, port: int) -> None:
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.tls is not None:  # new connections ask self.tls for the certificate in force
+            self.port = self.server.add_secure_port(f"{host}:{port}", self.tls.grpc_credentials())
+        else:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
         if not self.port:
             raise OSError(f"cannot listen for gRPC on {host}:{port} (listen.grpc_port)")
         await self.server.start()
@@ -294,7 +301,7 @@ class GrpcFront:
         async def run(payload: bytes, context: grpc.aio.ServicerContext) -> bytes:
             metadata = dict(context.invocation_metadata() or ())
             scope = self.core.request(GRPC, metadata.get("x-request-id"), metadata.get("traceparent"),
-                                      method="grpc", path=path)
+                                      method="grpc", path=path, client=self._client_subject(context))
             passed_on: _PassedOn | None = None
             async with scope:
                 try:
@@ -425,7 +432,7 @@ class GrpcFront:
         core = self.core
         metadata = dict(context.invocation_metadata() or ())
         ctx = core.request(GRPC, metadata.get("x-request-id"), metadata.get("traceparent"), method="grpc",
-                           path=f"/{SERVICE}/ModelStreamInfer")
+                           path=f"/{SERVICE}/ModelStreamInfer", client=self._client_subject(context))
         outbox: asyncio.Queue[Any] = asyncio.Queue()
         upstream = self.upstream_stream(metadata=self._forwarded(context, ctx))
         #: The models this stream has sent requests to: each is watched for a quarantine.
@@ -505,6 +512,10 @@ class GrpcFront:
             return payload
         response.infer_response.ParseFromString(answer.payload)
         return response.SerializeToString()
+
+
+def _no_client(context: grpc.aio.ServicerContext) -> str:
+    return ""
 
 
 def _parse_infer(payload: bytes) -> pb.ModelInferRequest:

@@ -34,7 +34,7 @@ import httptools
 import structlog
 from aiohttp import web
 
-from sidecar.fronts.appkeys import CONFIG, SERVING, UPSTREAM_POOL
+from sidecar.fronts.appkeys import CONFIG, SERVING, TLS, UPSTREAM_POOL
 from sidecar.fronts.http_routes import (
     HttpInferExchange,
     body_timeout,
@@ -43,6 +43,7 @@ from sidecar.fronts.http_routes import (
     parse_header_length,
     unreadable_body,
 )
+from sidecar.fronts.tls import subject_of
 from sidecar.serving.core import ServingCore
 from sidecar.serving.refusals import Reason, Refusal
 from sidecar.serving.telemetry import HTTP, RequestContext
@@ -131,11 +132,14 @@ class _Connection(asyncio.Protocol):
         self._paused = False
         self._closing = False
         self._handing_over = False
+        #: The client certificate's subject (mutual TLS), for the access log.
+        self._client = ""
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        self._client = subject_of(transport.get_extra_info("peercert"))
         self._listener.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -296,7 +300,7 @@ class _Connection(asyncio.Protocol):
         self._listener.fast_requests += 1
         headers = request.headers
         scope = self._core.request(HTTP, headers.get("x-request-id"), headers.get("traceparent"), method="POST",
-                                   path=request.url.decode("latin-1"))
+                                   path=request.url.decode("latin-1"), client=self._client)
         async with scope:
             status, answer_headers, body = await self._infer(request, scope)
             scope.answered(status)
@@ -352,7 +356,8 @@ class _Connection(asyncio.Protocol):
         scope = core.requests.refuse_at_once(HTTP, refusal, method="POST", path=request.url.decode("latin-1"),
                                              label=core.admission.label(unquote(request.model)),
                                              request_id=request.headers.get("x-request-id"),
-                                             traceparent=request.headers.get("traceparent"))
+                                             traceparent=request.headers.get("traceparent"),
+                                             client=self._client)
         status, headers, body = _refusal_parts(refusal)
         self._write(status, headers, body, scope.request_id, keep_alive=False)
         self._close()
@@ -439,7 +444,11 @@ class SidecarListener:
         await self.runner.setup()
         self._aiohttp_server = self.runner.server
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True)
+        factory: Any = lambda: _Connection(self)  # noqa: E731
+        tls = self.app.get(TLS)
+        if tls is not None:  # every connection completes a TLS handshake first (sidecar/fronts/tls.py)
+            factory = tls.protocol_factory(factory)
+        self._server = await loop.create_server(factory, host, port, reuse_address=True)
 
     @property
     def port(self) -> int:

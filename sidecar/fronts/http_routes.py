@@ -27,6 +27,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from sidecar.fronts.appkeys import READINESS, SERVING, STATES, UPSTREAM, UPSTREAM_POOL, WATCH
+from sidecar.fronts.tls import subject_of
 from sidecar.fronts.upstream_pool import UpstreamDropped, UpstreamError, UpstreamPool, UpstreamUnreachable
 from sidecar.messages import cut
 from sidecar.protocol.answers import AnswerTensor, answer_tensors
@@ -139,7 +140,8 @@ def _proxied(handler: ProxyHandler) -> Callable[[web.Request], Awaitable[web.Str
     async def run(request: web.Request) -> web.StreamResponse:
         headers = request.headers
         scope = request.app[SERVING].request(HTTP, headers.get("X-Request-ID"), headers.get("traceparent"),
-                                             method=request.method, path=request.path)
+                                             method=request.method, path=request.path,
+                                             client=subject_of(request.get_extra_info("peercert")))
         async with scope:
             response = await handler(request, scope)
             scope.answered(response.status)

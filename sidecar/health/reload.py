@@ -39,10 +39,11 @@ log = structlog.get_logger("sidecar.reload")
 RELOAD_POLL_S = 1.0
 
 
-#: Top-level keys read once at start-up: the sockets, the Triton client, the proxy's connection
+#: Top-level keys read once at start-up: the sockets and their TLS settings (the certificate files
+#: themselves are watched by sidecar.fronts.tls), the Triton client, the proxy's connection
 #: pool and breakers, the logging setup, and the watched directory itself. A change is logged as
 #: needing a restart and the running value is kept.
-RESTART_ONLY = frozenset({"triton", "listen", "golden_dir", "proxy", "logging"})
+RESTART_ONLY = frozenset({"triton", "listen", "tls", "golden_dir", "proxy", "logging"})
 
 
 #: One file as last seen: name, and the device, inode, mtime (ns) and size of what it resolves to.

@@ -93,16 +93,18 @@ class RequestWrapper:
         self.lifecycle = lifecycle
 
     def open(self, protocol: str, request_id: str | None, traceparent: str | None, *, method: str,
-             path: str) -> RequestScope:
-        """The request's scope: the client's X-Request-ID when it is sane, else a new one."""
-        return RequestScope(protocol, self.telemetry.request_id(request_id), trace_id(traceparent), method=method,
-                            path=path, wrapper=self)
+             path: str, client: str = "") -> RequestScope:
+        """The request's scope: the client's X-Request-ID when it is sane, else a new one. `client`: the
+        subject of a mutual-TLS client certificate, for the access log."""
+        return RequestScope(protocol, self.telemetry.request_id(request_id), trace_id(traceparent), client=client,
+                            method=method, path=path, wrapper=self)
 
     def refuse_at_once(self, protocol: str, refusal: Refusal, *, method: str, path: str, label: str,
-                       request_id: str | None = None, traceparent: str | None = None) -> RequestScope:
+                       request_id: str | None = None, traceparent: str | None = None,
+                       client: str = "") -> RequestScope:
         """A request refused before it became one (no route, body too large or too slow): counted
         and logged like any other; the front encodes `scope.refusal`."""
-        scope = self.open(protocol, request_id, traceparent, method=method, path=path)
+        scope = self.open(protocol, request_id, traceparent, method=method, path=path, client=client)
         scope.label = label
         # Counted for the drain all the same: a straggler shows the pod still gets traffic.
         self.lifecycle.request_started()

@@ -42,6 +42,8 @@ class RequestContext:
     trace_id: str
     #: Bounded model label for metrics: a tracked model's name, SERVER_LABEL or UNKNOWN_LABEL.
     label: str = SERVER_LABEL
+    #: The client certificate's subject on a mutual-TLS connection ("" otherwise), for the access log.
+    client: str = ""
     started: float = field(default_factory=time.perf_counter)
     #: What the front answered: HTTP status or gRPC status code name; "" until the answer begins.
     code: str = ""
@@ -93,6 +95,8 @@ class RequestTelemetry:
         }
         if reason:
             fields["reason"] = reason
+        if ctx.client:
+            fields["client_subject"] = ctx.client
         if ctx.protocol == HTTP:
             fields["status"] = int(code)
         (log.warning if _is_server_side(code) else log.info)("proxy_request", **fields)

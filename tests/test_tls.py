@@ -1,0 +1,387 @@
+"""TLS and mutual TLS on the sidecar's ports, in front of the real shared Triton, with certificates made
+in the test: tritonclient over HTTPS and gRPC-over-TLS gets Triton's own answers, a plaintext client
+gets none, a renewed certificate (a `..data` symlink swap, as the kubelet does it) serves new
+connections within 2 s while open ones keep answering, a broken renewal is refused, mutual TLS refuses
+every client that is not allowed, and the plaintext probe port keeps the kubelet and Prometheus going."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import numpy as np
+import pytest
+import structlog.testing
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcclient_aio
+import tritonclient.http as triton_http
+from tritonclient.grpc import service_pb2 as pb
+
+from sidecar.app.probe_port import ProbeListener
+from sidecar.config import ConfigError, load_config
+from sidecar.devtools.tritonserver import free_port
+from sidecar.fronts.appkeys import TLS
+from sidecar.fronts.grpc_server import SERVICE
+from sidecar.fronts.tls import HANDSHAKE_REASONS, handshake_reason
+from sidecar.states import ModelState
+from tests.harness import GOLDEN, REPO, wait_for
+from tests.proxy_support import credit_json, features, proxy_config, started_and_healthy
+from tests.tls_support import (
+    HttpsConnection,
+    Issued,
+    SecretVolume,
+    client_context,
+    issue,
+    make_ca,
+    served_serial,
+    server_cert,
+)
+
+ALLOWED_SAN = "spiffe://bank.example/ns/fraud/sa/scorer"
+
+
+@pytest.fixture(scope="module")
+def ca() -> Issued:
+    return make_ca()
+
+
+def tls_config(triton, volume: SecretVolume, *, mutual: bool = False, sans: tuple[str, ...] = (),  # type: ignore[no-untyped-def]
+               grpc_port: bool = True, **sections):
+    config = proxy_config(triton, **sections)
+    tls = replace(config.tls, cert_file=str(volume.cert_file), key_file=str(volume.key_file),
+                  client_ca_file=str(volume.ca_file) if mutual else "", client_allowed_sans=sans)
+    listen = replace(config.listen, grpc_port=free_port() if grpc_port else 0)
+    logging = replace(config.logging, access_log_sample_rate=1.0)
+    return replace(config, tls=tls, listen=listen, logging=logging)
+
+
+def _grpc_inputs(x: np.ndarray) -> list[grpcclient.InferInput]:
+    tensor = grpcclient.InferInput("features", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return [tensor]
+
+
+def _https_infer(port: int, ca_file: Path, x: np.ndarray) -> tuple[np.ndarray, dict, np.ndarray]:
+    """tritonclient.http over HTTPS (its own thread: geventhttpclient blocks): infer, metadata, infer
+    again on the same keep-alive connection (the second one follows an aiohttp hand-over)."""
+    client = triton_http.InferenceServerClient(f"localhost:{port}", ssl=True, ssl_options={"ca_certs": str(ca_file)})
+    try:
+        tensor = triton_http.InferInput("features", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        first = client.infer("credit_risk", [tensor]).as_numpy("scores")
+        metadata = client.get_model_metadata("credit_risk")
+        again = client.infer("credit_risk", [tensor]).as_numpy("scores")
+        return first, metadata, again
+    finally:
+        client.close()
+
+
+def _direct_scores(triton, x: np.ndarray) -> np.ndarray:  # type: ignore[no-untyped-def]
+    direct = grpcclient.InferenceServerClient(f"127.0.0.1:{triton.ports.grpc}")
+    return direct.infer("credit_risk", _grpc_inputs(x)).as_numpy("scores")
+
+
+async def _plaintext_answer(port: int) -> bytes:
+    """What a plaintext HTTP client reads back from a TLS port (b"" when the connection just ends)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    try:
+        return await asyncio.wait_for(reader.read(4096), 10)
+    except ConnectionError:
+        return b""
+    finally:
+        writer.close()
+
+
+def _handshake_failures(sidecar, reason: str) -> float:  # type: ignore[no-untyped-def]
+    return sidecar.metric("triton_sidecar_tls_handshake_failures_total", reason=reason) or 0.0
+
+
+# -- start-up -------------------------------------------------------------------------------------------------------
+
+
+def test_half_a_tls_setup_is_refused_with_the_missing_key_named(tmp_path):
+    config = tmp_path / "sidecar.yaml"
+    config.write_text("tls:\n  cert_file: /etc/tls/tls.crt\n")
+    with pytest.raises(ConfigError, match=r"tls\.key_file"):
+        load_config(config, environ={})
+    config.write_text("tls:\n  client_allowed_sans: [spiffe://x]\n  cert_file: a\n  key_file: b\n")
+    with pytest.raises(ConfigError, match=r"tls\.client_allowed_sans"):
+        load_config(config, environ={})
+    config.write_text("tls:\n  min_version: '1.1'\n")
+    with pytest.raises(ConfigError, match=r"tls\.min_version"):
+        load_config(config, environ={})
+
+
+@pytest.mark.parametrize("broken", ["cert_garbage", "key_of_another_cert", "ca_garbage", "missing_key", "expired"])
+def test_a_bad_certificate_key_or_ca_file_stops_the_start_with_one_line_naming_it(broken, ca, tmp_path):
+    good = server_cert(ca)
+    cert, key = good.write(tmp_path, "server")
+    ca_file = tmp_path / "ca.crt"
+    ca_file.write_bytes(ca.cert_pem)
+    named = {"cert_garbage": cert, "key_of_another_cert": key, "ca_garbage": ca_file, "missing_key": key,
+             "expired": cert}[broken]
+    if broken == "cert_garbage":
+        cert.write_text("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
+    elif broken == "key_of_another_cert":
+        key.write_bytes(server_cert(ca).key_pem)
+    elif broken == "ca_garbage":
+        ca_file.write_text("hello\n")
+    elif broken == "missing_key":
+        key.unlink()
+    else:
+        issue(ca, "old", dns=("localhost",), days=-1, not_before_days=-10).write(tmp_path, "server")
+    config = tmp_path / "sidecar.yaml"
+    config.write_text(f"golden_dir: {GOLDEN}\nlisten: {{port: {free_port()}, grpc_port: 0}}\n"
+                      f"tls: {{cert_file: {cert}, key_file: {key}, client_ca_file: {ca_file}}}\n")
+    run = subprocess.run([sys.executable, "-m", "sidecar", "run", "--config", str(config)], capture_output=True,
+                         text=True, timeout=60, cwd=REPO)
+    assert run.returncode == 2
+    err = run.stderr.strip().splitlines()
+    assert len(err) == 1 and str(named) in err[0], err
+
+
+# -- serving over TLS ----------------------------------------------------------------------------------------------
+
+
+async def test_https_and_grpc_over_tls_answer_like_triton_and_plaintext_gets_no_answer(triton, start, ca, tmp_path):
+    volume = SecretVolume(tmp_path / "secret")
+    served = server_cert(ca)
+    volume.install(served, ca)
+    config = tls_config(triton, volume)
+    sidecar = await started_and_healthy(start, config)  # golden probes run as ever (they go to Triton)
+    port = sidecar.server.port
+    x = features(rows=2, seed=5)
+    want = _direct_scores(triton, x)
+
+    first, metadata, again = await asyncio.to_thread(_https_infer, port, volume.ca_file, x)
+    assert np.array_equal(first, want) and np.array_equal(again, want)
+    assert [o["name"] for o in metadata["outputs"]] == ["scores"]  # filtered as over plaintext
+
+    target = f"localhost:{config.listen.grpc_port}"
+    proxied = grpcclient_aio.InferenceServerClient(target, ssl=True, root_certificates=str(volume.ca_file))
+    try:
+        got = await proxied.infer("credit_risk", _grpc_inputs(x))
+        assert np.array_equal(got.as_numpy("scores"), want)
+        assert got.as_numpy("income_prob") is None
+    finally:
+        await proxied.close()
+
+    # Plaintext on either port: no answer, only a failed handshake (counted by reason).
+    assert not (await _plaintext_answer(port)).startswith(b"HTTP/")
+    await wait_for(lambda: _handshake_failures(sidecar, "not_tls") >= 1, 5, what="not_tls counted")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{config.listen.grpc_port}") as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as plain:
+            await channel.unary_unary(f"/{SERVICE}/ServerLive")(pb.ServerLiveRequest().SerializeToString(), timeout=5)
+    assert plain.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    assert sidecar.metric("triton_sidecar_tls_cert_expiry_timestamp_seconds", cert_file=str(volume.cert_file)) == \
+        pytest.approx(served.cert.not_valid_after_utc.timestamp())
+    assert await served_serial(port, ca) == served.cert.serial_number
+    assert await served_serial(config.listen.grpc_port, ca, alpn=("h2",)) == served.cert.serial_number
+
+
+async def test_a_renewed_certificate_serves_new_connections_within_2s_while_open_ones_keep_answering(
+        triton, start, ca, tmp_path):
+    volume = SecretVolume(tmp_path / "secret")
+    old = server_cert(ca)
+    volume.install(old, ca)
+    config = tls_config(triton, volume)
+    sidecar = await started_and_healthy(start, config)
+    port, grpc_port = sidecar.server.port, config.listen.grpc_port
+    probes = ProbeListener(sidecar.app)
+    await probes.start("127.0.0.1", 0)
+    seen: list[int] = []
+
+    async def probe_all_along() -> None:
+        while True:
+            async with sidecar.session.get(f"http://127.0.0.1:{probes.port}/readyz") as answer:
+                seen.append(answer.status)
+            await asyncio.sleep(0.05)
+
+    prober = asyncio.create_task(probe_all_along())
+    body = credit_json(rows=1, seed=3)
+    long_lived = await HttpsConnection.open(port, client_context(ca))
+    channel = grpc.aio.secure_channel(f"localhost:{grpc_port}", grpc.ssl_channel_credentials(ca.cert_pem))
+    live = channel.unary_unary(f"/{SERVICE}/ServerLive")
+    try:
+        assert (await long_lived.request("POST", "/v2/models/credit_risk/infer", json.dumps(body).encode()))[0] == 200
+        assert pb.ServerLiveResponse.FromString(await live(pb.ServerLiveRequest().SerializeToString(), timeout=5)).live
+
+        new = server_cert(ca)
+        swapped = time.monotonic()
+        volume.install(new, ca)
+        await wait_for(lambda: sidecar.app[TLS].material.serial == new.cert.serial_number, 2, what="new pair loaded")
+        assert await served_serial(port, ca) == new.cert.serial_number
+        assert await served_serial(grpc_port, ca, alpn=("h2",)) == new.cert.serial_number
+        assert time.monotonic() - swapped < 2.0
+
+        # Connections made before the swap go on, with the certificate they were made with.
+        assert long_lived.serial == old.cert.serial_number
+        status, answer = await long_lived.request("POST", "/v2/models/credit_risk/infer", json.dumps(body).encode())
+        assert status == 200 and b"scores" in answer
+        assert (await long_lived.request("GET", "/v2/models/credit_risk"))[0] == 200  # handed to aiohttp, over TLS
+        assert pb.ServerLiveResponse.FromString(await live(pb.ServerLiveRequest().SerializeToString(), timeout=5)).live
+        assert sidecar.metric("triton_sidecar_tls_cert_expiry_timestamp_seconds", cert_file=str(volume.cert_file)) \
+            == pytest.approx(new.cert.not_valid_after_utc.timestamp())
+    finally:
+        long_lived.close()
+        await channel.close()
+        prober.cancel()
+        await asyncio.gather(prober, return_exceptions=True)
+        await probes.close()
+    assert seen and set(seen) == {200}
+
+
+async def test_a_broken_renewal_is_refused_naming_the_file_and_the_old_certificate_stays(triton, start, ca, tmp_path):
+    volume = SecretVolume(tmp_path / "secret")
+    old = server_cert(ca)
+    volume.install(old, ca)
+    sidecar = await started_and_healthy(start, tls_config(triton, volume, grpc_port=False))
+    port = sidecar.server.port
+    with structlog.testing.capture_logs() as logs:
+        volume.write(server_cert(ca).cert_pem, server_cert(ca).key_pem, ca.cert_pem)  # key of another cert
+        await wait_for(lambda: sidecar.metric("triton_sidecar_reload_failures_total", what="tls") == 1, 5,
+                       what="the broken pair refused")
+    refused = [e for e in logs if e["event"] == "tls_reload_refused"]
+    assert len(refused) == 1 and str(volume.key_file) in refused[0]["cause"]
+    assert await served_serial(port, ca) == old.cert.serial_number
+    assert _handshake_failures(sidecar, "other") == 0
+    # The next good renewal goes through.
+    fixed = server_cert(ca)
+    volume.install(fixed, ca)
+    await wait_for(lambda: sidecar.app[TLS].material.serial == fixed.cert.serial_number, 2, what="fixed pair loaded")
+    assert await served_serial(port, ca) == fixed.cert.serial_number
+
+
+# -- mutual TLS ----------------------------------------------------------------------------------------------------
+
+
+async def _https_status(port: int, context: ssl.SSLContext) -> int | None:
+    """The status of one infer over a new connection, or None when the connection was refused."""
+    try:
+        connection = await HttpsConnection.open(port, context)
+    except (ssl.SSLError, ConnectionError):
+        return None
+    try:
+            return (await connection.request("POST", "/v2/models/credit_risk/infer",
+                                         json.dumps(credit_json()).encode()))[0]
+    except (ssl.SSLError, ConnectionError, asyncio.IncompleteReadError):
+        return None
+    finally:
+        connection.close()
+
+
+async def _grpc_live(port: int, ca: Issued, client: Issued | None) -> grpc.StatusCode:
+    credentials = grpc.ssl_channel_credentials(
+        ca.cert_pem, client.key_pem if client else None, client.cert_pem if client else None)
+    async with grpc.aio.secure_channel(f"localhost:{port}", credentials) as channel:
+        try:
+            await channel.unary_unary(f"/{SERVICE}/ServerLive")(pb.ServerLiveRequest().SerializeToString(), timeout=5)
+        except grpc.aio.AioRpcError as e:
+            return e.code()
+    return grpc.StatusCode.OK
+
+
+async def test_mutual_tls_refuses_every_client_without_an_allowed_certificate_on_both_ports(
+        triton, start, ca, tmp_path):
+    volume = SecretVolume(tmp_path / "secret")
+    volume.install(server_cert(ca), ca)
+    config = tls_config(triton, volume, mutual=True, sans=(ALLOWED_SAN,))
+    sidecar = await started_and_healthy(start, config)
+    port, grpc_port = sidecar.server.port, config.listen.grpc_port
+    allowed = issue(ca, "fraud-scorer", uris=(ALLOWED_SAN,), client=True)
+    other_san = issue(ca, "batch-job", uris=("spiffe://bank.example/ns/batch/sa/job",), client=True)
+    other_ca = issue(make_ca("another CA"), "fraud-scorer", uris=(ALLOWED_SAN,), client=True)
+    folder = tmp_path / "clients"
+
+    with structlog.testing.capture_logs() as logs:
+        assert await _https_status(port, client_context(ca, allowed, folder)) == 200
+    access = [e for e in logs if e["event"] == "proxy_request"]
+    assert access and "CN=fraud-scorer" in access[-1]["client_subject"]
+    assert all("PRIVATE KEY" not in str(e) for e in logs)
+
+    assert await _https_status(port, client_context(ca)) is None
+    await wait_for(lambda: _handshake_failures(sidecar, "no_client_certificate") >= 1, 5, what="no certificate")
+    assert await _https_status(port, client_context(ca, other_ca, folder)) is None
+    await wait_for(lambda: _handshake_failures(sidecar, "client_certificate_rejected") >= 1, 5, what="other CA")
+    assert await _https_status(port, client_context(ca, other_san, folder)) is None
+    await wait_for(lambda: _handshake_failures(sidecar, "client_san_not_allowed") >= 1, 5, what="SAN refused")
+
+    with structlog.testing.capture_logs() as logs:
+        assert await _grpc_live(grpc_port, ca, allowed) == grpc.StatusCode.OK
+    access = [e for e in logs if e["event"] == "proxy_request" and e["protocol"] == "grpc"]
+    assert access and access[-1]["client_subject"].startswith("CN=fraud-scorer"), access
+    assert await _grpc_live(grpc_port, ca, None) == grpc.StatusCode.UNAVAILABLE
+    assert await _grpc_live(grpc_port, ca, other_ca) == grpc.StatusCode.UNAVAILABLE
+    assert await _grpc_live(grpc_port, ca, other_san) == grpc.StatusCode.UNAUTHENTICATED
+
+    # tritonclient.grpc with a client certificate: Triton's own answer.
+    key_file, cert_file = folder / "allowed.key", folder / "allowed.crt"
+    key_file.write_bytes(allowed.key_pem)
+    cert_file.write_bytes(allowed.cert_pem)
+    proxied = grpcclient_aio.InferenceServerClient(f"localhost:{grpc_port}", ssl=True,
+                                                   root_certificates=str(volume.ca_file),
+                                                   private_key=str(key_file), certificate_chain=str(cert_file))
+    try:
+        x = features(rows=1, seed=9)
+        assert np.array_equal((await proxied.infer("credit_risk", _grpc_inputs(x))).as_numpy("scores"),
+                              _direct_scores(triton, x))
+    finally:
+        await proxied.close()
+
+    # The kubelet presents no certificate: the probe port answers it in plaintext, and only it.
+    probes = ProbeListener(sidecar.app)
+    await probes.start("127.0.0.1", 0)
+    try:
+        base = f"http://127.0.0.1:{probes.port}"
+        for path in ("/healthz", "/readyz"):
+            async with sidecar.session.get(base + path) as answer:
+                assert answer.status == 200
+        async with sidecar.session.get(base + "/metrics") as answer:
+            assert "triton_sidecar_tls_handshake_failures_total" in await answer.text()
+        async with sidecar.session.post(base + "/v2/models/credit_risk/infer", json=credit_json()) as answer:
+            assert answer.status == 404 and "probe port" in (await answer.json())["error"]
+    finally:
+        await probes.close()
+
+
+async def test_healing_works_as_ever_with_tls_on(triton, start, ca, tmp_path, fresh_model):
+    volume = SecretVolume(tmp_path / "secret")
+    volume.install(server_cert(ca), ca)
+    config = tls_config(triton, volume, grpc_port=False, models=[fresh_model.name],
+                        golden_dir=fresh_model.golden_dir)
+    sidecar = await started_and_healthy(start, config)
+    fresh_model.kill_stub()
+    await wait_for(lambda: sidecar.first_transition_to(fresh_model.name, ModelState.HEALING) is not None, 30,
+                   what="heal started")
+    await wait_for(lambda: sidecar.state(fresh_model.name) is ModelState.HEALTHY, 60, what="healed")
+
+
+def test_handshake_failures_are_labelled_with_a_bounded_reason():
+    http_request = ssl.SSLError(1, "[SSL: HTTP_REQUEST] http request")
+    http_request.reason = "HTTP_REQUEST"
+    no_cert = ssl.SSLError(1, "peer did not return a certificate")
+    no_cert.reason = "PEER_DID_NOT_RETURN_A_CERTIFICATE"
+    odd = ssl.SSLError(1, "something new")
+    odd.reason = "SOMETHING_NEW_IN_OPENSSL_4"
+    cases = {
+        http_request: "not_tls",
+        no_cert: "no_client_certificate",
+        ConnectionAbortedError("SSL handshake is taking longer than 10.0 seconds: aborting the connection"):
+            "timeout",
+        ConnectionResetError(): "client_closed",
+        ssl.SSLEOFError(8, "EOF occurred in violation of protocol"): "client_closed",
+        odd: "other",
+    }
+    for error, reason in cases.items():
+        assert handshake_reason(error) == reason, error
+        assert reason in HANDSHAKE_REASONS
