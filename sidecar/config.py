@@ -177,6 +177,12 @@ class ProxySection:
     connect_timeout_s: float = 1.0
     #: Hold requests to a healing model up to this long (s) instead of answering 503 at once.
     hold_during_heal_s: float = 0.0
+    #: While a failed golden round is being confirmed (the model is suspect: the round after a failed
+    #: one runs at once), hold new requests to the model up to this long (ms), then serve or refuse
+    #: them by the confirmation's verdict. 0 serves them at once: a drifted model's wrong answers
+    #: reach clients until the confirmation quarantines it (a few ms of probes, plus the hold's cost
+    #: to healthy traffic when probes are flaky). A confirmation of a small model takes ~3-20 ms.
+    hold_while_suspect_ms: float = 0.0
     #: An answer with NaN/Inf where the golden expectations hold none becomes a 502.
     block_non_finite_outputs: bool = True
     #: Proxy Triton's statistics endpoints too (they reveal model names and load).
@@ -399,6 +405,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
             upstream_timeout_s=_POSITIVE,
             connect_timeout_s=_POSITIVE,
             hold_during_heal_s=_num(minimum=0),
+            hold_while_suspect_ms=_num(minimum=0),
             block_non_finite_outputs=_BOOL,
             allow_statistics=_BOOL,
             passive_failure_threshold=_int(1),

@@ -93,7 +93,8 @@ class SidecarMetrics:
         self.outputs_filtered = Counter(f"{PREFIX}_outputs_filtered", "Outputs removed from answers.",
                                         ["model", "output"], registry=registry)
         self.quarantined = Counter(f"{PREFIX}_proxy_quarantined", "Requests to a quarantined model, by outcome "
-                                   "(rejected, held_released, held_timeout).", ["model", "outcome"],
+                                   "(rejected, held_released, held_timeout, suspect_released, suspect_refused, "
+                                   "suspect_timeout, ended_at_triton).", ["model", "outcome"],
                                    registry=registry)
         self.in_flight = Gauge(f"{PREFIX}_proxy_in_flight", "Proxied requests in progress, per model.",
                                ["model"], registry=registry)

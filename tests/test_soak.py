@@ -20,8 +20,10 @@ pytestmark = [pytest.mark.fault, pytest.mark.timeout(420)]
 
 
 def test_a_minute_of_load_with_faults_serves_no_nan_and_leaves_no_client_waiting(tmp_path: Path) -> None:
+    # The sidecar's default upstream timeout (30 s), longer than the clients' (10 s): requests at the
+    # hung instance must be ended by its quarantine, not by a timeout.
     settings = SoakSettings(duration_s=60, clients=2, fault_every_s=12, warmup_s=3,
-                            faults=("kill", "nan", "drift", "unload"), upstream_timeout_s=5)
+                            faults=("kill", "nan", "drift", "hang", "unload"))
     report = run_soak(settings, tmp_path)
 
     assert report.counts_steady["sent"] > 0 and report.counts_steady["correct"] == report.counts_steady["sent"], (

@@ -3,17 +3,36 @@
 A request passes only for a model the sidecar guards (others would bypass quarantine) and only while
 that model's answers are trusted (HEALTHY or DEGRADED). Otherwise it is refused at once with a
 Retry-After, or, with `proxy.hold_during_heal_s`, held until the model is healed or the hold ends.
+With `proxy.hold_while_suspect_ms`, a request that comes while a failed golden round is being
+confirmed waits for the verdict (up to that long): served if the model passes, refused if it is
+quarantined, instead of getting the answer the failed round just judged wrong.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
+
+import structlog
 
 from sidecar.config import ProxySection
 from sidecar.messages import cut
 from sidecar.metrics import SidecarMetrics
 from sidecar.serving.refusals import Reason, Refusal
 from sidecar.states import ModelState, ModelStates, Transition
+
+log = structlog.get_logger("sidecar.proxy")
+
+
+@dataclass(eq=False)
+class AtTriton:
+    """One request sent to Triton and not answered yet: ended at once if its model is quarantined."""
+
+    task: asyncio.Task | None  # type: ignore[type-arg]
+    version: str
+    #: The refusal it ends with, once its model was quarantined while it waited.
+    ended: Refusal | None = field(default=None)
+
 
 #: Model label for requests that name no model, and for names the sidecar does not track: metric
 #: labels stay bounded whatever paths clients send.
@@ -32,7 +51,12 @@ class Admission:
         self._gates: dict[str, asyncio.Event] = {}
         #: Set while the model does NOT serve traffic; open streams wait on it to end themselves.
         self._alarms: dict[str, asyncio.Event] = {}
+        #: Set while no confirmation round runs; requests held while suspect wait on it.
+        self._verdicts: dict[str, asyncio.Event] = {}
+        #: Requests at Triton per model, so a quarantine can end them (see `sent`).
+        self._at_triton: dict[str, set[AtTriton]] = {}
         states.add_listener(self._on_transition)
+        states.add_suspect_listener(self._on_suspect)
 
     def _on_transition(self, t: Transition) -> None:
         serves = t.state_to.serves_traffic
@@ -42,6 +66,46 @@ class Admission:
         alarm = self._alarms.get(t.model)
         if alarm is not None:
             (alarm.clear if serves else alarm.set)()
+        if not serves and self._at_triton.get(t.model):
+            self._end_waiting(t.model)
+
+    # -- requests at Triton ------------------------------------------------------------------------------
+
+    def sent(self, model: str, version: str) -> AtTriton:
+        """Note a request the core is about to send to Triton; `done` when it is answered."""
+        entry = AtTriton(asyncio.current_task(), version)
+        waiting = self._at_triton.get(model)
+        if waiting is None:
+            waiting = self._at_triton[model] = set()
+        waiting.add(entry)
+        return entry
+
+    def done(self, model: str, entry: AtTriton) -> None:
+        self._at_triton[model].discard(entry)
+
+    def _end_waiting(self, model: str) -> None:
+        """The model was just quarantined: the requests waiting at Triton for a version it no longer
+        trusts end now with 503 + Retry-After, instead of waiting out proxy.upstream_timeout_s at a
+        hung instance or bringing back the answers just judged wrong. Their tasks are cancelled, so
+        their connections to Triton are closed (never back in the pool) and gRPC calls cancelled."""
+        health = self._states.get(model)
+        ended = 0
+        for entry in self._at_triton[model]:
+            if entry.ended is None and entry.task is not None and (health is None or not health.trusts(entry.version)):
+                entry.ended = self.quarantine_refusal(model)
+                entry.ended.before_triton = False
+                entry.task.cancel()
+                ended += 1
+        if ended:
+            self._metrics.quarantined.labels(model=model, outcome="ended_at_triton").inc(ended)
+            log.warning("requests_ended_at_quarantine", model=model, requests=ended,
+                        cause="the model was quarantined while these requests waited at Triton; they were "
+                              "answered 503 with Retry-After and their connections to Triton closed")
+
+    def _on_suspect(self, model: str, suspect: bool) -> None:
+        verdict = self._verdicts.get(model)
+        if verdict is not None:
+            (verdict.clear if suspect else verdict.set)()
 
     def label(self, model: str) -> str:
         """The bounded metric label for a model name a client sent."""
@@ -74,10 +138,13 @@ class Admission:
         """Return while the model's answers are trusted (for the version the request reaches: a
         version whose golden cases pass is served while another is quarantined); else hold (if
         configured) or refuse."""
-        if self.trusted(model, version):
-            return
         health = self._states.get(model)
         assert health is not None
+        if health.trusts(version):
+            if not health.suspect or self._settings.hold_while_suspect_ms <= 0:
+                return
+            if await self._verdict_came(model, version):
+                return
         hold_s = self._settings.hold_during_heal_s
         if hold_s > 0 and health.state is not ModelState.FAILED:
             gate = self._gate(model)
@@ -93,6 +160,26 @@ class Admission:
         else:
             self._metrics.quarantined.labels(model=model, outcome="rejected").inc()
         raise self.quarantine_refusal(model)
+
+    async def _verdict_came(self, model: str, version: str = "") -> bool:
+        """Hold a request while the model's failed round is confirmed: True to serve it (the model
+        passed, or the hold ended with the model still trusted), False when it was quarantined."""
+        verdict = self._verdicts.get(model)
+        if verdict is None:
+            verdict = self._verdicts[model] = asyncio.Event()
+        health = self._states.get(model)
+        if health is None or not health.suspect:
+            verdict.set()
+        outcome = "suspect_released"
+        try:
+            async with asyncio.timeout(self._settings.hold_while_suspect_ms / 1000):
+                await verdict.wait()
+        except TimeoutError:
+            outcome = "suspect_timeout"
+        if not self.trusted(model, version):
+            outcome = "suspect_refused"
+        self._metrics.quarantined.labels(model=model, outcome=outcome).inc()
+        return outcome != "suspect_refused"
 
     def quarantine_refusal(self, model: str) -> Refusal:
         health = self._states.get(model)

@@ -10,6 +10,7 @@ telemetry, refusals, unexpected exceptions), decodes its request into an `Exchan
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
@@ -128,11 +129,20 @@ class ServingCore:
         in_flight = self.telemetry.in_flight(model)
         async with self.breaker(model).slot(model, self.settings.upstream_timeout_s):
             in_flight.inc()
+            at_triton = self.admission.sent(model, version)
             try:
                 answer = await exchange.send()
             except UpstreamFailure as e:
                 raise self.upstream_refusal(model, e) from e
+            except asyncio.CancelledError:
+                # Cancelled by the model's quarantine (and by nothing else, such as a gone client):
+                # answered 503 with Retry-After like any request to a quarantined model.
+                task = asyncio.current_task()
+                if at_triton.ended is not None and task is not None and task.uncancel() == 0:
+                    raise at_triton.ended from None
+                raise
             finally:
+                self.admission.done(model, at_triton)
                 in_flight.dec()
         screened = self.screen(model, answer, exchange)
         if self.drift.wants(model):

@@ -3,12 +3,17 @@
 On SIGUSR1 the stub reads `fault` next to this file and damages its own state accordingly:
 - `nan`: the weights become NaN in memory, so every answer is NaN until the model is reloaded;
 - `drift`: the weights are scaled, so answers are finite but wrong, until reloaded;
-- `hang`: every later execute() blocks forever (the stub process stays alive).
+- `hang`: every later execute() blocks forever (the stub process stays alive);
+- `slow_drift`: as `drift`, and every later execute() takes 0.2 s more (a confirmation round that
+  can be waited on);
+- `blip`: the next execute() answers wrong once, and the three after it take 0.2 s more each (a
+  transient fault whose confirmation round passes, slowly enough to be waited on).
 A reload runs initialize() again in a fresh stub, which is what heals each of these.
 """
 
 import signal
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +31,9 @@ class TritonPythonModel:
         self.v = (rng.standard_normal(128) / np.sqrt(128)).astype(np.float32)
         self.b = np.float32(-0.25)
         self.hang = False
+        self.delay_s = 0.0
+        self.slow_calls = 0
+        self.wrong_calls = 0
         self.fault_file = Path(__file__).parent / "fault"
         signal.signal(signal.SIGUSR1, self._inject_fault)
 
@@ -38,10 +46,26 @@ class TritonPythonModel:
             self.b = np.float32(2.0)
         elif kind == "hang":
             self.hang = True
+        elif kind == "slow_drift":
+            self.w = self.w * np.float32(3.0)
+            self.b = np.float32(2.0)
+            self.delay_s = 0.2
+        elif kind == "blip":
+            self.wrong_calls = 1
+            self.slow_calls = 3
 
     def execute(self, requests):
         if self.hang:
             threading.Event().wait()
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        bias = self.b
+        if self.wrong_calls:
+            self.wrong_calls -= 1
+            bias = np.float32(5.0)
+        elif self.slow_calls:
+            self.slow_calls -= 1
+            time.sleep(0.2)
         responses = []
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "features").as_numpy()
@@ -52,7 +76,7 @@ class TritonPythonModel:
                     )
                 )
                 continue
-            scores = _sigmoid(x @ self.w + self.b).astype(np.float32).reshape(-1, 1)
+            scores = _sigmoid(x @ self.w + bias).astype(np.float32).reshape(-1, 1)
             income = _sigmoid(x @ self.v).astype(np.float32).reshape(-1, 1)
             responses.append(
                 pb_utils.InferenceResponse(
