@@ -74,7 +74,8 @@ class SidecarMetrics:
 
         # The sidecar's own long-lived tasks (sidecar.health.tasks)
         self.task_crashes = Counter(f"{PREFIX}_task_crashes", "Long-lived tasks that raised and were restarted "
-                                    "with backoff, by task kind (supervisor, triton_watch, discovery, reload, rollouts): "
+                                    "with backoff, by task kind (supervisor, triton_watch, discovery, reload, "
+                                    "rollouts): "
                                     "a kind, never a model name, so the label stays bounded; which model's "
                                     "supervisor crashed is in the task_crashed log event and /status.",
                                     ["task"], registry=registry)

@@ -202,7 +202,7 @@ class ServingCore:
         try:
             other = await exchange.send(target)
         except UpstreamFailure:
-            rollout.answered(target, time.perf_counter() - started, error=True)
+            rollout.answered(target, time.perf_counter() - started, error=True, served=False)
             return
         latency_s = time.perf_counter() - started
         mine, theirs = exchange.answer_tensors(served), exchange.answer_tensors(other)
@@ -210,7 +210,7 @@ class ServingCore:
             return  # both refused the request (the client's to fix): nothing to compare
         policy = self.policy(model)
         nan = theirs is not None and policy.check_non_finite and _non_finite(theirs[1])
-        rollout.answered(target, latency_s, error=nan)
+        rollout.answered(target, latency_s, error=nan, served=False)
         if mine is None or theirs is None:
             refused = route.version if mine is None else target
             differences = [Mismatch("(status)", f"version {refused} refused a request the other version answered")]

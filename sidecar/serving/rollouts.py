@@ -53,6 +53,11 @@ TICK_S = 0.1
 LATENCY_WINDOW = 4096
 
 
+#: Served answers of each version a stage needs before p99s are compared: the p99 of fewer is
+#: their maximum, one slow answer (a GC pause, a busy core) would hold or abort a stage.
+MIN_P99_SAMPLES = 100
+
+
 #: The least samples needed to judge a rate, as a share of step_min_requests (the issue: 1/10).
 EARLY_SHARE = 0.1
 
@@ -97,7 +102,7 @@ class StageEvidence:
 
     def p99(self, version: str) -> float | None:
         samples = self.latencies.get(version)
-        if not samples:
+        if not samples or len(samples) < MIN_P99_SAMPLES:
             return None
         return float(np.percentile(np.fromiter(samples, dtype=np.float64), 99))
 
@@ -154,14 +159,16 @@ class Rollout:
 
     # -- evidence -----------------------------------------------------------------------------------------
 
-    def answered(self, version: str, latency_s: float, *, error: bool) -> None:
-        """An answer (served or shadow) of stable or the candidate; errors: 5xx, timeouts, NaN."""
+    def answered(self, version: str, latency_s: float, *, error: bool, served: bool = True) -> None:
+        """An answer of stable or the candidate; errors: 5xx, timeouts, NaN. Only served answers'
+        latencies count for p99: a shadow call runs beside the next client request, so it is slower
+        by design and would make either version look worse."""
         if self.state is not RolloutState.PROGRESSING:
             return
         if version == self.settings.candidate:
             self.stage.candidate_answers += 1
             self.stage.candidate_errors += int(error)
-        if not error:
+        if served and not error:
             window = self.stage.latencies.get(version)
             if window is None:
                 window = self.stage.latencies[version] = deque(maxlen=LATENCY_WINDOW)
