@@ -7,6 +7,7 @@ A bad value stops the start with one line naming the file and key (`ConfigError`
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import re
 from collections.abc import Mapping
@@ -193,6 +194,13 @@ class ProxySection:
     retry_after_s: int = 5
     #: Bound (s) on receiving one request body; a client that trickles it slower gets 408.
     client_body_timeout_s: float = 30.0
+    #: An unpinned request whose version is quarantined is served by another trusted loaded version
+    #: of the same model (counted as `fallback`) instead of a 503: an older answer the golden cases
+    #: still vouch for beats none. Off: unpinned requests get the 503 of the version they reach.
+    version_fallback: bool = True
+    #: Shadow calls (a rollout's compared answers) in flight at once, for the whole sidecar; more are
+    #: dropped and counted: comparing is worth less than the traffic it would slow down.
+    max_shadow_in_flight: int = 16
 
 
 #: Names a generate request uses for "how many tokens to produce": as an input or as a parameter,
@@ -265,6 +273,54 @@ class DriftSection:
 
 
 @dataclass(frozen=True)
+class CompareTolerance:
+    """How far a candidate's value may be from the stable version's and still count as the same
+    (the golden files' rule: |got - expected| <= atol + rtol * |expected|; NaN only equals NaN)."""
+
+    atol: float = 1.0e-5
+    rtol: float = 1.0e-4
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """One model's version rollout inside the pod (sidecar.serving.rollouts, docs/rollouts.md)."""
+
+    #: The version serving unpinned traffic now, and the one being released.
+    stable: str
+    candidate: str
+    #: The candidate's share of unpinned traffic, stage by stage; the last is normally 1.0. Starting
+    #: at 0.1 % limits what a bad candidate costs before its first compared answers can stop it.
+    steps: tuple[float, ...] = (0.001, 0.05, 0.3, 1.0)
+    #: Answers compared in a stage before it may pass: 200 pairs bound a 0.5 % diff rate to about
+    #: +-0.5 % (one differing answer = 0.5 %), the least that can tell 0.5 % from 1 %.
+    step_min_requests: int = 200
+    #: Minimum duration (s) of a stage, so a burst cannot pass a stage before p99 means something.
+    step_min_s: float = 60.0
+    #: Share (0..1) of answered requests also sent to the other version and compared. 5 % costs a
+    #: twentieth more Triton work and still compares 200 pairs in 4,000 requests.
+    shadow_rate: float = 0.05
+    #: Tolerances for every output, and per output name where one needs its own.
+    compare: CompareTolerance = field(default_factory=CompareTolerance)
+    compare_outputs: Mapping[str, CompareTolerance] = field(default_factory=dict)
+    #: Compared pairs that differ, as a share; above it the rollout is aborted (the documents this
+    #: project comes from: "fewer than 0.5 % of requests").
+    max_diff_rate: float = 0.005
+    #: The candidate's 5xx and NaN answers, as a share of its answers; above it: abort.
+    max_error_rate: float = 0.001
+    #: Candidate p99 over stable p99 minus 1, in the stage; above it the stage waits (one more
+    #: step_min_s), then the rollout is aborted.
+    max_p99_increase: float = 0.10
+    #: Request header whose value's hash picks the version, so one user sees one version ("" = random).
+    cohort_key: str = ""
+    #: auto: the sidecar decides. abort / promote: the operator's decision, applied at once (and kept
+    #: across restarts, unlike a decision the sidecar took: see docs/rollouts.md, "The fleet").
+    decision: str = "auto"
+
+    def tolerance(self, output: str) -> CompareTolerance:
+        return self.compare_outputs.get(output, self.compare)
+
+
+@dataclass(frozen=True)
 class LoggingSection:
     #: json for machines (one object per line), console for people at a terminal.
     format: str = "json"
@@ -292,6 +348,8 @@ class SidecarConfig:
     generation: GenerationSection = field(default_factory=GenerationSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     drift: DriftSection = field(default_factory=DriftSection)
+    #: Version rollouts by model (hot reloaded: a config change aborts or promotes).
+    rollouts: Mapping[str, RolloutSettings] = field(default_factory=dict)
     logging: LoggingSection = field(default_factory=LoggingSection)
     #: Where the configuration came from, for messages ("defaults" when no file was given).
     source: str = "defaults"
@@ -327,6 +385,35 @@ _POSITIVE = _num(exclusive_min=0)
 
 def _section(**properties: Any) -> dict[str, Any]:
     return {"type": "object", "additionalProperties": False, "properties": properties}
+
+
+_VERSION = {"type": ["string", "integer"], "pattern": "^[0-9]+$", "minimum": 1}
+
+
+_TOLERANCE = _section(atol=_num(minimum=0), rtol=_num(minimum=0))
+
+
+_SHARE = _num(minimum=0, maximum=1)
+
+
+_ROLLOUT = {
+    **_section(
+        stable=_VERSION,
+        candidate=_VERSION,
+        steps={"type": "array", "minItems": 1, "items": _SHARE},
+        step_min_requests=_int(1),
+        step_min_s=_num(minimum=0),
+        shadow_rate=_SHARE,
+        compare={**_TOLERANCE, "properties": {**_TOLERANCE["properties"],
+                                              "outputs": {"type": "object", "additionalProperties": _TOLERANCE}}},
+        max_diff_rate=_SHARE,
+        max_error_rate=_SHARE,
+        max_p99_increase=_num(minimum=0),
+        cohort_key={"type": "string", "pattern": "^[A-Za-z0-9-]*$"},
+        decision={"enum": ["auto", "abort", "promote"]},
+    ),
+    "required": ["stable", "candidate"],
+}
 
 
 CONFIG_SCHEMA: dict[str, Any] = {
@@ -411,6 +498,8 @@ CONFIG_SCHEMA: dict[str, Any] = {
             passive_failure_threshold=_int(1),
             retry_after_s=_int(1),
             client_body_timeout_s=_POSITIVE,
+            version_fallback=_BOOL,
+            max_shadow_in_flight=_int(0),
         ),
         "generation": _section(
             idle_timeout_s=_POSITIVE,
@@ -429,6 +518,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
                 "type": "object", "additionalProperties": {"type": "array", "items": {"type": "number"}}}},
             degrade_above_psi={"type": ["number", "null"], "exclusiveMinimum": 0},
         ),
+        "rollouts": {"type": "object", "additionalProperties": _ROLLOUT},
         "logging": _section(
             format={"enum": ["json", "console"]},
             level={"enum": ["debug", "info", "warning", "error"]},
@@ -441,7 +531,9 @@ CONFIG_SCHEMA: dict[str, Any] = {
 _VALIDATOR = jsonschema.Draft202012Validator(CONFIG_SCHEMA)
 
 
-_SECTIONS = {name for name, spec in CONFIG_SCHEMA["properties"].items() if spec["type"] == "object"}
+#: Sections with fixed keys (SIDECAR_<SECTION>_<KEY> overrides them); `rollouts`, a mapping by model,
+#: is set in the file only.
+_SECTIONS = {name for name, spec in CONFIG_SCHEMA["properties"].items() if "properties" in spec}
 
 
 _TOP_LEVEL_SCALARS = {"golden_dir": "GOLDEN_DIR", "models": "MODELS"}
@@ -535,6 +627,13 @@ def _check_cross_field_rules(raw: dict[str, Any], source: str) -> None:
     if healing.get("backoff_initial_s", 1.0) > healing.get("backoff_max_s", 30.0):
         raise ConfigError(f"{source}: key 'healing.backoff_initial_s' must not exceed healing.backoff_max_s")
     _check_tls_keys(raw.get("tls", {}), raw.get("listen", {}), source)
+    for model, rollout in raw.get("rollouts", {}).items():
+        if str(rollout["stable"]) == str(rollout["candidate"]):
+            raise ConfigError(f"{source}: key 'rollouts.{model}.candidate': must differ from stable "
+                              f"({rollout['stable']}); to end a rollout, remove it")
+        steps = rollout.get("steps", [])
+        if any(b <= a for a, b in itertools.pairwise(steps)):
+            raise ConfigError(f"{source}: key 'rollouts.{model}.steps': shares must increase, got {steps}")
     for i, rule in enumerate(raw.get("filtering", {}).get("rules", [])):
         for j, pattern in enumerate([rule["model"], *rule["drop_outputs"]]):
             try:
@@ -585,6 +684,20 @@ def _tls(raw: Mapping[str, Any]) -> TlsSection:
     return TlsSection(**values)
 
 
+def _rollouts(raw: Mapping[str, Any]) -> dict[str, RolloutSettings]:
+    rollouts = {}
+    for model, spec in raw.items():
+        values = dict(spec)
+        values["stable"], values["candidate"] = str(values["stable"]), str(values["candidate"])
+        if "steps" in values:
+            values["steps"] = tuple(float(s) for s in values["steps"])
+        compare = dict(values.pop("compare", {}))
+        values["compare_outputs"] = {name: CompareTolerance(**t) for name, t in compare.pop("outputs", {}).items()}
+        values["compare"] = CompareTolerance(**compare)
+        rollouts[model] = RolloutSettings(**values)
+    return rollouts
+
+
 def _build(raw: dict[str, Any], source: str) -> SidecarConfig:
     filtering = raw.get("filtering", {})
     rules = tuple(
@@ -609,6 +722,7 @@ def _build(raw: dict[str, Any], source: str) -> SidecarConfig:
         generation=_generation(raw.get("generation", {})),
         metrics=MetricsSection(**raw.get("metrics", {})),
         drift=_drift(raw.get("drift", {})),
+        rollouts=_rollouts(raw.get("rollouts", {})),
         logging=LoggingSection(**raw.get("logging", {})),
         source=source,
     )

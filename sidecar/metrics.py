@@ -30,6 +30,10 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 EVENT_COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
+#: The states of a version rollout (sidecar.serving.rollouts.RolloutState's values; metrics sits below serving).
+ROLLOUT_STATES = ("gating", "progressing", "promoted", "aborted")
+
+
 HEAL_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -70,11 +74,12 @@ class SidecarMetrics:
 
         # The sidecar's own long-lived tasks (sidecar.health.tasks)
         self.task_crashes = Counter(f"{PREFIX}_task_crashes", "Long-lived tasks that raised and were restarted "
-                                    "with backoff, by task kind (supervisor, triton_watch, discovery, reload): "
+                                    "with backoff, by task kind (supervisor, triton_watch, discovery, reload, "
+                                    "rollouts): "
                                     "a kind, never a model name, so the label stays bounded; which model's "
                                     "supervisor crashed is in the task_crashed log event and /status.",
                                     ["task"], registry=registry)
-        for kind in ("supervisor", "triton_watch", "discovery", "reload"):
+        for kind in ("supervisor", "triton_watch", "discovery", "reload", "rollouts"):
             self.task_crashes.labels(task=kind)
 
         # Proxy
@@ -133,6 +138,21 @@ class SidecarMetrics:
                                               "client_san_not_allowed, protocol_version, timeout, client_closed, "
                                               "other).", ["reason"], registry=registry)
 
+        # Version rollouts (sidecar.serving.rollouts, docs/rollouts.md)
+        self.rollout_share = Gauge(f"{PREFIX}_rollout_share", "The candidate's share of unpinned traffic now.",
+                                   ["model", "candidate"], registry=registry)
+        self.rollout_state = Gauge(f"{PREFIX}_rollout_state", "1 for the rollout's current state (gating, "
+                                   "progressing, promoted, aborted), 0 for the others.", ["model", "state"],
+                                   registry=registry)
+        self.rollout_compared = Counter(f"{PREFIX}_rollout_compared", "Answers of stable and candidate to the "
+                                        "same request compared, by outcome (same, differs).",
+                                        ["model", "candidate", "outcome"], registry=registry)
+        self.routed = Counter(f"{PREFIX}_routed", "Requests sent to a chosen version, by why (split, pinned, "
+                              "shadow, fallback).", ["model", "version", "reason"], registry=registry)
+        self.shadow_dropped = Counter(f"{PREFIX}_shadow_dropped", "Shadow calls not made because "
+                                      "proxy.max_shadow_in_flight were already running.", ["model"],
+                                      registry=registry)
+
         # Triton
         self.triton_up = Gauge(f"{PREFIX}_triton_up", "1 when Triton answers /v2/health/live.", registry=registry)
         self.triton_ready = Gauge(f"{PREFIX}_triton_ready", "1 when Triton answers /v2/health/ready.",
@@ -154,6 +174,22 @@ class SidecarMetrics:
         series = [(self.model_state, (model, state.value)) for state in ModelState]
         series += [(self.consecutive_failures, (model,)), (self.model_without_golden, (model,))]
         for gauge, labels in series:
+            try:
+                gauge.remove(*labels)
+            except KeyError:
+                pass
+
+    def set_rollout(self, model: str, candidate: str, state: str, share: float) -> None:
+        for each in ROLLOUT_STATES:
+            self.rollout_state.labels(model=model, state=each).set(1 if each == state else 0)
+        self.rollout_share.labels(model=model, candidate=candidate).set(share)
+        for outcome in ("same", "differs"):
+            self.rollout_compared.labels(model=model, candidate=candidate, outcome=outcome)
+
+    def forget_rollout(self, model: str, candidate: str) -> None:
+        """A rollout removed from the config: its gauges go (counters stay, their history is true)."""
+        for gauge, labels in [(self.rollout_state, (model, s)) for s in ROLLOUT_STATES] + [
+                (self.rollout_share, (model, candidate))]:
             try:
                 gauge.remove(*labels)
             except KeyError:

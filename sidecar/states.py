@@ -71,6 +71,9 @@ class ModelHealth:
         self.broken_versions: frozenset[str] = frozenset()
         #: The version unversioned requests reach (the server's routing; "" = not known).
         self.default_version = ""
+        #: Every version the server has loaded (from the model's metadata; empty = not known): the
+        #: versions an unpinned request may fall back to (sidecar.serving.routing).
+        self.loaded_versions: tuple[str, ...] = ()
         #: A confirmation round runs after a failed one (see the module docstring).
         self.suspect = False
 

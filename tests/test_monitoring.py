@@ -48,6 +48,11 @@ SIDECAR_METRICS = frozenset({
     "triton_sidecar_drift_psi",
     "triton_sidecar_drift_max_psi",
     "triton_sidecar_feature_missing_ratio",
+    "triton_sidecar_rollout_share",
+    "triton_sidecar_rollout_state",
+    "triton_sidecar_rollout_compared_total",
+    "triton_sidecar_routed_total",
+    "triton_sidecar_shadow_dropped_total",
 })
 SIDECAR_HISTOGRAMS = frozenset({
     "triton_sidecar_probe_duration_seconds",

@@ -72,8 +72,10 @@ async def _scores(sidecar, model: str, version: str = ""):  # type: ignore[no-un
 
 async def test_a_broken_version_is_quarantined_while_the_other_keeps_answering(two_versions, start):
     model = two_versions.name
+    # Without the fallback to a trusted version (on by default: tests/test_rollouts.py), unversioned
+    # requests reach Triton's choice, the broken version 2.
     sidecar = await start(sidecar_config(two_versions.triton, models=[model], golden_dir=two_versions.golden_dir,
-                                         healing={"enabled": False}))
+                                         healing={"enabled": False}, proxy={"version_fallback": False}))
     await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what="HEALTHY")
     expected = credit_risk_scores(features(rows=2, seed=3)).ravel()
     two_versions.inject("2", "nan")

@@ -43,8 +43,9 @@ from sidecar.fronts.grpc_server import grpc_front
 from sidecar.fronts.http_routes import add_http_routes, document_fetcher
 from sidecar.fronts.tls import ServerTls
 from sidecar.fronts.upstream_pool import UpstreamPool
-from sidecar.golden.cases import GoldenCase, load_golden_dir
+from sidecar.golden.cases import GoldenCase, aim_unversioned, cases_for_version, load_golden_dir
 from sidecar.health.healer import Healer
+from sidecar.health.probe_round import probe_model
 from sidecar.health.prober import Prober
 from sidecar.health.reload import GoldenStore, LiveConfig
 from sidecar.health.roster import Roster
@@ -59,6 +60,7 @@ from sidecar.serving.lifecycle import Lifecycle
 from sidecar.serving.passive_signals import HealthEvents
 from sidecar.serving.readiness import Readiness
 from sidecar.serving.request_rules import load_schemas
+from sidecar.serving.rollouts import GoldenGate
 from sidecar.states import ModelStates, Transition
 
 log = structlog.get_logger("sidecar.app")
@@ -106,8 +108,8 @@ def create_app(
     # Every event about a model goes to its supervisor, the only writer of its state: the prober's
     # late verdicts, the serving core's passive signals, golden files changed (see golden_changed).
     supervisors = Supervisors()
-    app[PROBER] = Prober(triton=triton, cases_for=store.cases_for, settings=config.probes, metrics=metrics,
-                         on_late_verdict=supervisors.late_verdict, clock=clock)
+    app[PROBER] = Prober(triton=triton, cases_for=lambda model: _probed_cases(app, model), settings=config.probes,
+                         metrics=metrics, on_late_verdict=supervisors.late_verdict, clock=clock)
     app[HEALER] = Healer(triton=triton, settings=config.healing, metrics=metrics, verify=app[PROBER].verify_round,
                          unanswered_for=app[PROBER].unanswered_for, clock=clock)
     drift = DriftMonitor(config.drift, references, count_nan=not config.validation.reject_non_finite)
@@ -118,6 +120,7 @@ def create_app(
         config, states=states, metrics=metrics, fetch_document=document_fetcher(app), cases_for=store.cases_for,
         events=HealthEvents(probe_soon=supervisors.probe_soon, stub_dead=supervisors.stub_dead,
                             triton_unreachable=app[WATCH].mark_unreachable), rules=rules, drift=drift,
+        golden_gate=_golden_gate(triton, store.cases_for, lambda: app[LIVE].config.probes.timeout_s), clock=clock,
         lifecycle=app[LIFECYCLE])
     live = app[LIVE]
     app[READINESS] = Readiness(lifecycle=app[LIFECYCLE], states=states, triton=app[WATCH],
@@ -128,6 +131,7 @@ def create_app(
     app[UPSTREAM_POOL] = UpstreamPool(config.triton.url, connect_timeout_s=config.proxy.connect_timeout_s)
     app.cleanup_ctx.append(_upstream_session)
     app.cleanup_ctx.append(_monitors)
+    app.cleanup_ctx.append(_rollouts)
     # Last in, first out: the gRPC server stops (and drains) before the monitors and sessions.
     app.cleanup_ctx.append(grpc_front)
     app.router.add_get("/healthz", healthz)
@@ -219,6 +223,40 @@ async def _monitors(app: web.Application) -> AsyncIterator[None]:
     await asyncio.gather(*tasks, return_exceptions=True)
     await app[ROSTER].close()
     await app[PROBER].close()  # golden requests still open for a late answer
+
+
+def _probed_cases(app: web.Application, model: str) -> Sequence[GoldenCase]:
+    """A model's golden cases as the prober runs them: with a rollout, unversioned cases probe the
+    version unpinned traffic reaches (stable, the candidate once promoted), not Triton's highest."""
+    cases = app[LIVE].golden.cases_for(model)
+    rollout = app[SERVING].rollouts.get(model)
+    return aim_unversioned(cases, rollout.serving_version) if rollout is not None else cases
+
+
+def _golden_gate(triton: TritonClient, cases_for: Callable[[str], Sequence[GoldenCase]],
+                 timeout_s: Callable[[], float]) -> GoldenGate:
+    """The rollout's golden gate: the candidate's own cases (or the model's unversioned ones aimed at
+    it), run by the prober's code against the candidate version, before it sees any traffic."""
+    async def run(model: str, version: str) -> str | None:
+        cases = cases_for_version(cases_for(model), version)
+        if not cases:
+            return (f"model {model} has no golden case for version {version} and no unversioned one to run "
+                    "against it: a candidate gets traffic only after golden cases pass")
+        result = await probe_model(triton, model, cases, timeout_s=timeout_s())
+        return None if result.ok else result.cause
+
+    return run
+
+
+async def _rollouts(app: web.Application) -> AsyncIterator[None]:
+    """The rollouts' decision loop (restarted after a crash); at exit it stops and every shadow call
+    still running is cancelled."""
+    core = app[SERVING]
+    task = spawn(core.rollouts.run, kind="rollouts", name="rollouts", metrics=app[METRICS])
+    yield
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await core.shadows.close()
 
 
 def _reload_references(watch: ReferenceWatch) -> Callable[[web.Application], AsyncIterator[None]]:

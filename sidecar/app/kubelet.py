@@ -127,6 +127,8 @@ async def status(request: web.Request) -> web.Response:
         "config": {"source": str(live.path) if live.path else live.config.source,
                    "loaded_at": _iso(live.loaded_at), "needs_restart": list(live.needs_restart)},
         "models": models,
+        # Version rollouts by model: each pod decides on its own evidence (docs/rollouts.md).
+        "rollouts": {rollout.model: rollout.status() for rollout in app[SERVING].rollouts},
     }
     return web.json_response(body)
 

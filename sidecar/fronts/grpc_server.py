@@ -29,7 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from sidecar.fronts.appkeys import CONFIG, READINESS, SERVING, STATES, TLS, WATCH
-from sidecar.fronts.http_routes import exposed_extensions
+from sidecar.fronts.http_routes import cohort_of, exposed_extensions
 from sidecar.fronts.tls import grpc_client_subject
 from sidecar.messages import cut
 from sidecar.protocol.answers import BINARY_DTYPES, AnswerTensor
@@ -37,6 +37,7 @@ from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
 from sidecar.serving.core import OutputPolicy, Screened, ServingCore
 from sidecar.serving.filtering import hide_in_config, hide_in_metadata
 from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
+from sidecar.serving.routing import VERSION_HEADER
 from sidecar.serving.telemetry import GRPC, RequestContext
 from sidecar.serving.validation import CheckedRequest, ModelSpec, validate_decoded_request
 
@@ -214,14 +215,23 @@ class GrpcInferExchange:
         doc, binary = decode_infer_request(self.request)
         return validate_decoded_request(spec, doc, binary)
 
-    async def send(self) -> GrpcAnswer:
+    async def send(self, version: str) -> GrpcAnswer:
+        """To the version the router chose: the client's bytes when it is the one they name, else
+        the request re-serialized with that `model_version`."""
+        payload = self.payload if version == self.request.model_version else self._for_version(version)
         try:
-            payload = await self.front.upstream_infer(self.payload, timeout=self.timeout_s, metadata=self.metadata)
+            payload = await self.front.upstream_infer(payload, timeout=self.timeout_s, metadata=self.metadata)
         except grpc.aio.AioRpcError as e:
             if e.code() in _CLIENT_CODES:
                 return GrpcAnswer(error=(e.code(), e.details() or ""))
             raise upstream_failure(e) from e
         return GrpcAnswer(payload)
+
+    def _for_version(self, version: str) -> bytes:
+        request = pb.ModelInferRequest()
+        request.CopyFrom(self.request)
+        request.model_version = version
+        return request.SerializeToString()
 
     @staticmethod
     def screen(answer: GrpcAnswer, policy: OutputPolicy) -> Screened[GrpcAnswer]:
@@ -416,10 +426,12 @@ class GrpcFront:
 
     async def _model_infer(self, payload: bytes, context: grpc.aio.ServicerContext, ctx: RequestContext) -> bytes:
         request = _parse_infer(payload)
-        model, version = request.model_name, request.model_version
-        self.core.resolve(ctx, model, version)
+        model = request.model_name
+        self.core.resolve(ctx, model, request.model_version)
+        metadata = dict(context.invocation_metadata() or ())
+        version = self.core.pinned(model, request.model_version, metadata.get(VERSION_HEADER))
         exchange = GrpcInferExchange(self, payload, request, self._forwarded(context, ctx), self._timeout(context))
-        answer = await self.core.infer(model, version, exchange)
+        answer = await self.core.infer(model, version, exchange, cohort_of(self.core, model, metadata))
         if answer.error is not None:
             raise _PassedOn(*answer.error)
         return answer.payload

@@ -40,12 +40,14 @@ from sidecar.fronts.http_routes import (
     body_timeout,
     body_too_large,
     check_body_headers,
+    cohort_of,
     parse_header_length,
     unreadable_body,
 )
 from sidecar.fronts.tls import subject_of
 from sidecar.serving.core import ServingCore
 from sidecar.serving.refusals import Reason, Refusal
+from sidecar.serving.routing import VERSION_HEADER
 from sidecar.serving.telemetry import HTTP, RequestContext
 
 log = structlog.get_logger("sidecar.proxy")
@@ -312,9 +314,10 @@ class _Connection(asyncio.Protocol):
         core = self._core
         match = _INFER_PATH.fullmatch(request.url.decode("latin-1"))
         assert match is not None
-        model, version = unquote(match.group(1)), unquote(match.group(2) or "")
-        core.resolve(ctx, model, version)
+        model, path_version = unquote(match.group(1)), unquote(match.group(2) or "")
+        core.resolve(ctx, model, path_version)
         headers = request.headers
+        version = core.pinned(model, path_version, headers.get(VERSION_HEADER))
         header_length = parse_header_length(headers.get("inference-header-content-length"), model)
         encoding = check_body_headers(headers.get("content-type", ""), headers.get("content-encoding", "identity"),
                                       model)
@@ -324,7 +327,7 @@ class _Connection(asyncio.Protocol):
         forwarded = {name: headers[name] for name in ("traceparent", "tracestate") if name in headers}
         exchange = HttpInferExchange(self._listener.app[UPSTREAM_POOL], core.settings.upstream_timeout_s, ctx, model,
                                      version, body, header_length, forwarded, lambda: self._closing)
-        return await core.infer(model, version, exchange)
+        return await core.infer(model, version, exchange, cohort_of(core, model, headers))
 
     def _write(self, status: int, headers: dict[str, str], body: bytes, request_id: str, keep_alive: bool) -> None:
         transport = self._transport

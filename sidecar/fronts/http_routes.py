@@ -36,6 +36,7 @@ from sidecar.serving.admission import UNKNOWN_LABEL
 from sidecar.serving.core import OutputPolicy, Screened, ServingCore
 from sidecar.serving.filtering import hide_in_config, hide_in_metadata, screen_infer_response
 from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
+from sidecar.serving.routing import VERSION_HEADER
 from sidecar.serving.specs import FetchDocument, triton_error_message
 from sidecar.serving.telemetry import HTTP, RequestContext
 from sidecar.serving.validation import CheckedRequest, ModelSpec, validate_infer_request
@@ -277,7 +278,8 @@ def _passthrough(status: int, content_type: str, body: bytes) -> web.Response:
 
 async def infer(request: web.Request, ctx: RequestContext) -> web.StreamResponse:
     core = request.app[SERVING]
-    model, version = _model_and_version(request, ctx)
+    model, path_version = _model_and_version(request, ctx)
+    version = core.pinned(model, path_version, request.headers.get(VERSION_HEADER))
     header_length = parse_header_length(request.headers.get("Inference-Header-Content-Length"), model)
     body = await _read_body(request, core, model)
 
@@ -287,11 +289,18 @@ async def infer(request: web.Request, ctx: RequestContext) -> web.StreamResponse
 
     exchange = HttpInferExchange(request.app[UPSTREAM_POOL], core.settings.upstream_timeout_s, ctx, model, version,
                                  body, header_length, forwarded_headers(request.headers), client_gone)
-    status, headers, answer = await core.infer(model, version, exchange)
+    status, headers, answer = await core.infer(model, version, exchange, cohort_of(core, model, request.headers))
     response = web.Response(status=status, body=answer, content_type=headers.get("Content-Type", "application/json"))
     if "Inference-Header-Content-Length" in headers:
         response.headers["Inference-Header-Content-Length"] = headers["Inference-Header-Content-Length"]
     return response
+
+
+def cohort_of(core: ServingCore, model: str, headers: Mapping[str, str]) -> str:
+    """The value of the model's rollout cohort_key header ("" = none; `headers` case-insensitive
+    or lower-cased)."""
+    key = core.router.cohort_key(model)
+    return (headers.get(key) or headers.get(key.lower()) or "") if key else ""
 
 
 def forwarded_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -311,6 +320,7 @@ class HttpInferExchange:
         self.body = body
         self.header_length = header_length
         self.client_gone = client_gone
+        self.version = version
         self.path = model_path(model, version) + "/infer"
         # identity: the answer must be readable to be screened
         headers = {"X-Request-ID": ctx.request_id, "Accept-Encoding": "identity",
@@ -323,12 +333,14 @@ class HttpInferExchange:
     def validate(self, spec: ModelSpec) -> CheckedRequest:
         return validate_infer_request(spec, self.body, self.header_length)
 
-    async def send(self) -> HttpAnswer:
-        """Runs in the request's own task: the server cancels it when its client disconnects
-        (aiohttp's handler_cancellation, or the fast listener's connection_lost), which cancels this
-        call and frees its Triton connection and breaker slot."""
+    async def send(self, version: str) -> HttpAnswer:
+        """To the version the router chose (the client's bytes, another URL path). Runs in the
+        request's own task: the server cancels it when its client disconnects (aiohttp's
+        handler_cancellation, or the fast listener's connection_lost), which cancels this call and
+        frees its Triton connection and breaker slot. A shadow call runs in its own task."""
+        path = self.path if version == self.version else model_path(self.model, version) + "/infer"
         try:
-            response = await self.pool.request("POST", self.path, self.headers, self.body, timeout_s=self.timeout_s)
+            response = await self.pool.request("POST", path, self.headers, self.body, timeout_s=self.timeout_s)
         except asyncio.CancelledError:
             if self.client_gone():
                 log.info("client_disconnected", model=self.model, cause="client closed the connection while "

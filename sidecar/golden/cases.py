@@ -29,7 +29,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -273,6 +273,21 @@ def load_golden_dir(golden_dir: Path, models: Iterable[str] | None = None) -> di
             continue
         cases[model_dir.name] = load_model_dir(model_dir)
     return cases
+
+
+def cases_for_version(cases: Iterable[GoldenCase], version: str) -> tuple[GoldenCase, ...]:
+    """The cases that judge one version: those naming it, else every unversioned case aimed at it."""
+    named = tuple(c for c in cases if c.version == version)
+    if named:
+        return named
+    return tuple(replace(c, version=version) for c in cases if not c.version)
+
+
+def aim_unversioned(cases: Iterable[GoldenCase], version: str) -> tuple[GoldenCase, ...]:
+    """The cases with every unversioned one aimed at `version` ("" = left as they are)."""
+    if not version:
+        return tuple(cases)
+    return tuple(c if c.version else replace(c, version=version) for c in cases)
 
 
 def golden_model_dirs(golden_dir: Path) -> list[Path]:

@@ -31,20 +31,20 @@ def compare_outputs(case: GoldenCase, received: Mapping[str, ReceivedOutput]) ->
     """Every way `received` differs from the case's expectation; empty means it matches."""
     mismatches: list[Mismatch] = []
     for name, expected in case.outputs.items():
-        got = received.get(name)
-        if got is None:
-            mismatches.append(Mismatch(name, f"output {name} missing from the answer"))
-            continue
-        if got.datatype != expected.datatype:
-            mismatches.append(Mismatch(name, f"{name} datatype expected {expected.datatype}, got {got.datatype}"))
-            continue
-        if tuple(got.shape) != expected.shape:
-            mismatches.append(
-                Mismatch(name, f"{name} shape expected {list(expected.shape)}, got {list(got.shape)}")
-            )
-            continue
-        mismatches.extend(_compare_values(name, expected, got.data.reshape(-1)))
+        mismatches.extend(compare_output(name, expected, received.get(name)))
     return mismatches
+
+
+def compare_output(name: str, expected: ExpectedOutput, got: ReceivedOutput | None) -> list[Mismatch]:
+    """Every way one output differs from its expectation (also used to compare two versions' live
+    answers, sidecar.serving.rollouts); empty means it matches."""
+    if got is None:
+        return [Mismatch(name, f"output {name} missing from the answer")]
+    if got.datatype != expected.datatype:
+        return [Mismatch(name, f"{name} datatype expected {expected.datatype}, got {got.datatype}")]
+    if tuple(got.shape) != expected.shape:
+        return [Mismatch(name, f"{name} shape expected {list(expected.shape)}, got {list(got.shape)}")]
+    return _compare_values(name, expected, got.data.reshape(-1))
 
 
 def _compare_values(name: str, expected: ExpectedOutput, got: np.ndarray) -> list[Mismatch]:

@@ -210,6 +210,7 @@ class ModelSupervisor:
         health = self._health()
         if result.versions:
             health.default_version = result.default_version
+            health.loaded_versions = result.versions
         if result.ok:
             self._states.apply(self.model, lambda h, now: h.probe_passed(now))
             self._judged()

@@ -11,14 +11,17 @@ telemetry, refusals, unexpected exceptions), decodes its request into an `Exchan
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+import numpy as np
 import structlog
 
 from sidecar.config import SidecarConfig
 from sidecar.golden.cases import GoldenCase
+from sidecar.golden.compare import Mismatch
 from sidecar.messages import cut
 from sidecar.metrics import SidecarMetrics
 from sidecar.serving.admission import Admission
@@ -30,12 +33,24 @@ from sidecar.serving.passive_signals import HealthEvents, PassiveSignals
 from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
 from sidecar.serving.request import RequestWrapper
 from sidecar.serving.request_rules import RequestRules, load_schemas
+from sidecar.serving.rollouts import GoldenGate, Rollouts, compare_answers, tensor_values
+from sidecar.serving.routing import DEFAULT, PINNED, SHADOW, Route, Router, pinned_version
+from sidecar.serving.shadow import ShadowCalls
 from sidecar.serving.specs import FetchDocument, SpecCache
 from sidecar.serving.telemetry import RequestContext, RequestTelemetry
 from sidecar.serving.validation import CheckedRequest, Limits, ModelSpec
 from sidecar.states import ModelStates
 
 AnswerT = TypeVar("AnswerT")
+
+
+def _nothing_hidden(output: str) -> bool:
+    return False
+
+
+def _non_finite(tensors: Sequence[Tensor]) -> bool:
+    """Does a decoded answer hold NaN/Inf in a float output?"""
+    return any(t[1].startswith("FP") and not np.isfinite(tensor_values(t)[3]).all() for t in tensors)
 
 
 log = structlog.get_logger("sidecar.serving")
@@ -68,8 +83,10 @@ class Exchange(Protocol[AnswerT]):
     def validate(self, spec: ModelSpec) -> CheckedRequest:
         """Raise InvalidRequest (a Refusal) when the request is not one the model accepts."""
 
-    async def send(self) -> AnswerT:
-        """Forward the request to Triton; raise UpstreamFailure when no usable answer comes."""
+    async def send(self, version: str) -> AnswerT:
+        """Forward the request to `version` of the model ("" = unversioned: Triton picks), the
+        version the router chose; raise UpstreamFailure when no usable answer comes. Called a second
+        time, in the background, for a shadow call to another version."""
 
     def screen(self, answer: AnswerT, policy: OutputPolicy) -> Screened[AnswerT]:
         """Remove hidden outputs and find non-finite ones; raise ResponseFormatError if not v2."""
@@ -86,7 +103,9 @@ class ServingCore:
     def __init__(self, config: SidecarConfig, *, states: ModelStates, metrics: SidecarMetrics,
                  fetch_document: FetchDocument, cases_for: Callable[[str], Sequence[GoldenCase]],
                  events: HealthEvents, rules: Mapping[str, RequestRules] | None = None,
-                 drift: DriftMonitor | None = None, lifecycle: Lifecycle | None = None) -> None:
+                 drift: DriftMonitor | None = None, golden_gate: GoldenGate | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 lifecycle: Lifecycle | None = None) -> None:
         self.config = config
         self.settings = config.proxy
         self.filter = OutputFilter(config.filtering.rules)
@@ -111,6 +130,14 @@ class ServingCore:
         self.request = self.requests.open
         self._cases_for = cases_for
         self._events = events
+        self._metrics = metrics
+        self._states = states
+        #: Version rollouts and the router: which version answers; their decision loop runs from the
+        #: app (`Rollouts.run`), the candidate's golden gate is the app's injected function.
+        self.rollouts = Rollouts(config.rollouts, metrics=metrics, clock=clock, golden_gate=golden_gate)
+        self.router = Router(states=states, rollouts=self.rollouts, fallback=lambda: self.settings.version_fallback)
+        self.shadows = ShadowCalls(limit=config.proxy.max_shadow_in_flight, timeout_s=config.proxy.upstream_timeout_s,
+                                   metrics=metrics)
         self._breakers: dict[str, Breaker] = {}
         self._policies: dict[str, OutputPolicy] = {}
 
@@ -122,17 +149,32 @@ class ServingCore:
         self.admission.tracked(model)
         self.admission.check_version(model, version)
 
-    async def infer(self, model: str, version: str, exchange: Exchange[AnswerT]) -> AnswerT:
-        """admit (quarantine, hold) -> spec -> validate -> breaker -> Triton -> screen -> signals -> drift."""
-        spec = await self.admitted_spec(model, version)
+    def pinned(self, model: str, path_version: str, header_version: str | None) -> str:
+        """The version a request is pinned to (path or `x-model-version`; "" = none), checked."""
+        version = pinned_version(path_version, header_version, model)
+        self.admission.check_version(model, version)
+        return version
+
+    async def infer(self, model: str, version: str, exchange: Exchange[AnswerT], cohort: str = "") -> AnswerT:
+        """route (pin, split, fallback) -> admit (quarantine, hold) -> spec -> validate -> breaker ->
+        Triton -> screen -> signals -> drift -> shadow (after the answer, in the background).
+        `version` is the client's pin ("" = none), `cohort` the value of the rollout's cohort_key."""
+        route = self.router.route(model, version, cohort)
+        if route.reason != DEFAULT:
+            self.count_route(model, route.version, route.reason)
+        spec = await self.admitted_spec(model, route.version)
         checked = exchange.validate(spec)
         in_flight = self.telemetry.in_flight(model)
+        rollout = route.rollout
         async with self.breaker(model).slot(model, self.settings.upstream_timeout_s):
             in_flight.inc()
-            at_triton = self.admission.sent(model, version)
+            at_triton = self.admission.sent(model, route.version)
+            started = time.perf_counter()
             try:
-                answer = await exchange.send()
+                answer = await exchange.send(route.version)
             except UpstreamFailure as e:
+                if rollout is not None:
+                    rollout.answered(route.version, time.perf_counter() - started, error=True)
                 raise self.upstream_refusal(model, e) from e
             except asyncio.CancelledError:
                 # Cancelled by the model's quarantine (and by nothing else, such as a gone client):
@@ -144,10 +186,64 @@ class ServingCore:
             finally:
                 self.admission.done(model, at_triton)
                 in_flight.dec()
-        screened = self.screen(model, answer, exchange)
+        latency_s = time.perf_counter() - started
+        try:
+            screened = self.screen(model, answer, exchange)
+        except Refusal:
+            if rollout is not None:
+                rollout.answered(route.version, latency_s, error=True)
+            raise
+        if rollout is not None:
+            rollout.answered(route.version, latency_s, error=False)
+            target = self.router.shadow_target(route)
+            if target and self.shadows.has_room(model):
+                self.shadows.start(model, self.shadow(model, route, target, exchange, answer))
         if self.drift.wants(model):
             self.measure_drift(model, spec, checked, screened, exchange)
         return screened
+
+    def count_route(self, model: str, version: str, reason: str) -> None:
+        """routed_total; a pinned version the server has not loaded is counted as "other" (metric
+        labels stay bounded whatever versions clients name)."""
+        if reason == PINNED:
+            health = self._states.get(model)
+            if health is None or version not in health.loaded_versions:
+                version = "other"
+        self._metrics.routed.labels(model=model, version=version or "default", reason=reason).inc()
+
+    async def shadow(self, model: str, route: Route, target: str, exchange: Exchange[AnswerT], served: AnswerT
+                     ) -> None:
+        """Send the served request to `target` too and compare the two answers (stable's is the
+        reference). Runs after the client got its answer; filtered outputs are compared here and
+        never leave the pod."""
+        rollout = route.rollout
+        assert rollout is not None
+        self.count_route(model, target, SHADOW)
+        started = time.perf_counter()
+        try:
+            other = await exchange.send(target)
+        except UpstreamFailure:
+            rollout.answered(target, time.perf_counter() - started, error=True, served=False)
+            return
+        latency_s = time.perf_counter() - started
+        mine, theirs = exchange.answer_tensors(served), exchange.answer_tensors(other)
+        if mine is None and theirs is None:
+            return  # both refused the request (the client's to fix): nothing to compare
+        policy = self.policy(model)
+        nan = theirs is not None and policy.check_non_finite and _non_finite(theirs[1])
+        rollout.answered(target, latency_s, error=nan, served=False)
+        if mine is None or theirs is None:
+            refused = route.version if mine is None else target
+            differences = [Mismatch("(status)", f"version {refused} refused a request the other version answered")]
+        else:
+            stable, candidate = (mine, theirs) if route.version == rollout.settings.stable else (theirs, mine)
+            differences = compare_answers(stable[1], candidate[1], rollout.settings)
+        hidden = policy.is_hidden or _nothing_hidden
+        differs = rollout.compared(differences, hidden=hidden)
+        if differs is None:
+            return  # the rollout moved on (aborted, promoted) while this call ran
+        self._metrics.rollout_compared.labels(model=model, candidate=rollout.settings.candidate,
+                                              outcome="differs" if differs else "same").inc()
 
     async def admitted_spec(self, model: str, version: str) -> ModelSpec:
         """Wait for admission, then the model's spec (streams call this for every request)."""
@@ -222,6 +318,7 @@ class ServingCore:
         self.specs.reconfigure(limits=Limits.from_settings(config.validation), output_filter=output_filter,
                                rules=rules)
         self.drift.reconfigure(config.drift, count_nan=not config.validation.reject_non_finite)
+        self.rollouts.reconfigure(config.rollouts)
         self._policies.clear()
 
     def forget_model(self, model: str) -> None:
