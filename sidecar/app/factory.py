@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -31,7 +30,7 @@ from sidecar.fronts.appkeys import (
     SERVING,
     STATES,
     TRITON,
-    UPSTREAM,
+    TRITON_METRICS_POOL,
     UPSTREAM_POOL,
     WATCH,
 )
@@ -106,7 +105,10 @@ def create_app(
                          config=lambda: app[LIVE].config, cases_for=store.cases_for,
                          forget=app[SERVING].forget_model)
     app[UPSTREAM_POOL] = UpstreamPool(config.triton.url, connect_timeout_s=config.proxy.connect_timeout_s)
-    app.cleanup_ctx.append(_upstream_session)
+    # A scrape is one request now and then: one kept-alive connection is plenty.
+    app[TRITON_METRICS_POOL] = UpstreamPool(config.triton.metrics_url, connect_timeout_s=config.proxy.connect_timeout_s,
+                                            max_idle=1)
+    app.cleanup_ctx.append(_upstream_pools)
     app.cleanup_ctx.append(_monitors)
     # Last in, first out: the gRPC server stops (and drains) before the monitors and sessions.
     app.cleanup_ctx.append(grpc_front)
@@ -164,18 +166,13 @@ async def _count_in_flight(request: web.Request, handler: Any) -> web.StreamResp
         lifecycle.request_finished()
 
 
-async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
-    """One pooled HTTP session to Triton for documents and metrics scrapes; at exit it and the
-    inference connection pool are closed."""
-    proxy = app[CONFIG].proxy
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    timeout = aiohttp.ClientTimeout(total=proxy.upstream_timeout_s, connect=proxy.connect_timeout_s)
+async def _upstream_pools(app: web.Application) -> AsyncIterator[None]:
+    """The connection pools to Triton (proxied traffic, metrics scrapes), closed at exit."""
     try:
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
-            app[UPSTREAM] = session
-            yield
+        yield
     finally:
         await app[UPSTREAM_POOL].close()
+        await app[TRITON_METRICS_POOL].close()
 
 
 async def _monitors(app: web.Application) -> AsyncIterator[None]:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import aiohttp
 from aiohttp import web
 
 from sidecar.config import SidecarConfig
@@ -57,12 +56,13 @@ LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 GOLDEN = web.AppKey("golden", dict)
 
 
-#: One pooled HTTP session to Triton for documents (metadata, config, readiness) and metrics scrapes.
-UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
-
-
-#: Keep-alive connections to Triton for proxied inferences (the hot path, both listeners).
+#: Keep-alive connections to Triton's HTTP port for all proxied HTTP traffic: inferences (the hot
+#: path, both listeners), generate and generate_stream, documents (metadata, config, ready, stats).
 UPSTREAM_POOL = web.AppKey("upstream_pool", UpstreamPool)
+
+
+#: The same client stack to Triton's metrics port (`triton.metrics_url`), for /metrics scrapes.
+TRITON_METRICS_POOL = web.AppKey("triton_metrics_pool", UpstreamPool)
 
 
 #: The serving core shared by the HTTP and gRPC fronts (admission, specs, breakers, signals, telemetry).

@@ -1,8 +1,9 @@
 """The serving core: one proxied inference from admission to answer, whatever the wire.
 
-Each front (HTTP in sidecar.http_front, gRPC in sidecar.grpc_front) only decodes its request into an
-`Exchange`, calls `ServingCore.infer`, and encodes what comes back: an answer, or a `Refusal` whose
-`Reason` names the HTTP status and the gRPC code. Nothing here imports aiohttp or grpc
+Each front (HTTP in sidecar.fronts.http_routes, gRPC in sidecar.fronts.grpc_server) only decodes its
+request into an `Exchange`, calls `ServingCore.infer` (unary: infer and generate) or
+`ServingCore.stream` (generate_stream and ModelStreamInfer), and encodes what comes back: an answer,
+or a `Refusal` whose `Reason` names the HTTP status and the gRPC code. Nothing here imports aiohttp or grpc
 (import-linter contract "The serving core is wire-free").
 """
 
@@ -23,6 +24,7 @@ from sidecar.serving.passive_signals import PassiveSignals
 from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
 from sidecar.serving.request_rules import RequestRules, load_schemas
 from sidecar.serving.specs import FetchDocument, SpecCache
+from sidecar.serving.streaming import EventT, OpenStream, StreamExchange
 from sidecar.serving.telemetry import RequestContext, RequestTelemetry
 from sidecar.serving.validation import Limits, ModelSpec
 from sidecar.states import ModelStates
@@ -75,6 +77,7 @@ class ServingCore:
                  rules: Mapping[str, RequestRules] | None = None) -> None:
         self.config = config
         self.settings = config.proxy
+        self.metrics = metrics
         self.filter = OutputFilter(config.filtering.rules)
         self.admission = Admission(states=states, settings=config.proxy, metrics=metrics)
         # JSON Schemas are compiled once, at start; a bad file stops the start (ConfigError names it).
@@ -113,6 +116,12 @@ class ServingCore:
             finally:
                 in_flight.dec()
         return self.screen(model, answer, exchange)
+
+    def stream(self, exchange: StreamExchange[EventT], *, started: float) -> OpenStream[EventT]:
+        """A stream (HTTP generate_stream, gRPC ModelStreamInfer): `async with` it, `join` each
+        request's model, `open` it, then iterate its events (sidecar.serving.streaming).
+        `started` is the request's perf_counter start, for the first-event histogram."""
+        return OpenStream(self, exchange, started=started)
 
     async def admitted_spec(self, model: str, version: str) -> ModelSpec:
         """Wait for admission, then the model's spec (streams call this for every request)."""
