@@ -20,6 +20,7 @@ from sidecar.app.kubelet import healthz, metrics_endpoint, readyz, status
 from sidecar.config import SidecarConfig
 from sidecar.fronts.appkeys import (
     CONFIG,
+    DOCUMENT_POOL,
     GOLDEN,
     HEALER,
     LIFECYCLE,
@@ -105,6 +106,8 @@ def create_app(
                          config=lambda: app[LIVE].config, cases_for=store.cases_for,
                          forget=app[SERVING].forget_model)
     app[UPSTREAM_POOL] = UpstreamPool(config.triton.url, connect_timeout_s=config.proxy.connect_timeout_s)
+    app[DOCUMENT_POOL] = UpstreamPool(config.triton.url, connect_timeout_s=config.proxy.connect_timeout_s,
+                                      max_idle=4)
     # A scrape is one request now and then: one kept-alive connection is plenty.
     app[TRITON_METRICS_POOL] = UpstreamPool(config.triton.metrics_url, connect_timeout_s=config.proxy.connect_timeout_s,
                                             max_idle=1)
@@ -171,8 +174,8 @@ async def _upstream_pools(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await app[UPSTREAM_POOL].close()
-        await app[TRITON_METRICS_POOL].close()
+        for pool in (app[UPSTREAM_POOL], app[DOCUMENT_POOL], app[TRITON_METRICS_POOL]):
+            await pool.close()
 
 
 async def _monitors(app: web.Application) -> AsyncIterator[None]:

@@ -56,9 +56,15 @@ LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 GOLDEN = web.AppKey("golden", dict)
 
 
-#: Keep-alive connections to Triton's HTTP port for all proxied HTTP traffic: inferences (the hot
-#: path, both listeners), generate and generate_stream, documents (metadata, config, ready, stats).
+#: Keep-alive connections to Triton's HTTP port for proxied inferences (the hot path, both
+#: listeners), generate and generate_stream.
 UPSTREAM_POOL = web.AppKey("upstream_pool", UpstreamPool)
+
+
+#: The same client stack to the same port for Triton's documents (metadata, config, ready, stats):
+#: a pool of its own so that a burst of spec fetches never takes the inference path's warm
+#: connections, and its idle stack stays sized for inferences.
+DOCUMENT_POOL = web.AppKey("document_pool", UpstreamPool)
 
 
 #: The same client stack to Triton's metrics port (`triton.metrics_url`), for /metrics scrapes.

@@ -25,7 +25,7 @@ import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from sidecar.fronts.appkeys import LIFECYCLE, SERVING, STATES, UPSTREAM_POOL, WATCH
+from sidecar.fronts.appkeys import DOCUMENT_POOL, LIFECYCLE, SERVING, STATES, UPSTREAM_POOL, WATCH
 from sidecar.fronts.upstream_pool import UpstreamDropped, UpstreamError, UpstreamPool, UpstreamUnreachable
 from sidecar.messages import cut
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
@@ -278,7 +278,7 @@ async def _upstream_get(app: web.Application, path: str, model: str = "") -> tup
     get any answer becomes the core's refusal."""
     core = app[SERVING]
     try:
-        answer = await app[UPSTREAM_POOL].request("GET", path, _IDENTITY, timeout_s=core.config.triton.timeout_s)
+        answer = await app[DOCUMENT_POOL].request("GET", path, _IDENTITY, timeout_s=core.config.triton.timeout_s)
     except (UpstreamError, TimeoutError, OSError) as e:
         raise core.upstream_refusal(model, upstream_failure(e), signal=False) from e
     content_type = answer.headers.get("content-type", "").split(";")[0].strip()
