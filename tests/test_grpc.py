@@ -421,3 +421,43 @@ async def test_triton_killed_answers_unavailable_and_ends_open_streams(own_trito
             pass
         assert await asyncio.wait_for(call.code(), 10) is grpc.StatusCode.UNAVAILABLE
     await wait_for(lambda: sidecar.app[LIFECYCLE].in_flight == 0, 2, what="nothing left in flight")
+
+
+async def _gauge_from_metrics(sidecar, name: str, model: str) -> float:  # type: ignore[no-untyped-def]
+    """A gauge as a scrape sees it: read from the sidecar's /metrics over HTTP."""
+    async with sidecar.session.get(sidecar.url + "/metrics") as response:
+        text = await response.text()
+    prefix = f'{name}{{model="{model}"}} '
+    return next((float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix)), 0.0)
+
+
+async def test_an_open_stream_holds_a_breaker_slot_and_counts_in_the_in_flight_gauge(
+    triton, decoupled, decoupled_golden, start
+):
+    # One slot and no queue per model: while the first stream is open, a second one is refused.
+    config = grpc_config(triton, models=[DECOUPLED], golden_dir=decoupled_golden,
+                         proxy={"max_in_flight_per_model": 1, "queue_size_per_model": 0})
+    sidecar = await started_and_healthy(start, config)
+    gauge = "triton_sidecar_streams_in_flight"
+    tensor = pb.ModelInferRequest.InferInputTensor(name="COUNT", datatype="INT32", shape=[1],
+                                                   contents=pb.InferTensorContents(int_contents=[60]))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{config.listen.grpc_port}") as channel:
+        first = _stream_call(channel)
+        await first.write(pb.ModelInferRequest(model_name=DECOUPLED, inputs=[tensor]))
+        for _ in range(2):
+            assert not (await asyncio.wait_for(first.read(), 10)).error_message
+        assert await _gauge_from_metrics(sidecar, gauge, DECOUPLED) == 1
+        second = _stream_call(channel)
+        await second.write(pb.ModelInferRequest(model_name=DECOUPLED, inputs=[tensor]))
+        refused = await asyncio.wait_for(second.read(), 10)
+        assert refused.error_message.startswith("[overloaded]"), refused
+        second.cancel()
+        first.cancel()
+
+    async def freed() -> bool:
+        return await _gauge_from_metrics(sidecar, gauge, DECOUPLED) == 0
+
+    await wait_for(freed, 5, what="the stream's slot and gauge freed")
+    # The slot came back: a new stream is served to its end.
+    answers = await _stream(f"127.0.0.1:{config.listen.grpc_port}", 2)
+    assert [r.as_numpy("VALUE")[0] for _, r, _ in answers] == [0.0, 0.5]

@@ -242,3 +242,63 @@ def test_grpc_answers_lose_hidden_outputs_with_their_raw_contents() -> None:
     assert screened.dropped == ["secret"] and screened.non_finite == ["scores"]
     untouched = screen_infer_response(GrpcAnswer(b"as sent"), OutputPolicy(None, False))
     assert untouched.answer.payload == b"as sent"
+
+
+class FakeStream:
+    """Triton's side of a stream: as many one-event reads as the test lets out, forever."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.closed = False
+
+    async def open(self) -> bool:
+        return True
+
+    async def receive(self) -> list[bytes]:
+        self.reads += 1
+        await asyncio.sleep(0)
+        return [b"event %d" % self.reads]
+
+    def screen(self, event: bytes, policy_for: Any) -> None:
+        return None
+
+    def in_stream(self, refusal: Refusal, verdict: Any) -> None:
+        return None
+
+    def silence_bound(self, events: int) -> float:
+        return 30.0
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_slow_client_stops_the_stream_s_reads_and_a_quarantine_ends_it_at_once() -> None:
+    from sidecar.serving.streaming import QUEUE_BATCHES
+
+    core, states, _, registry = build_core()
+    make_healthy(states)
+    upstream = FakeStream()
+    async with core.stream(upstream, started=0.0) as stream:
+        await stream.join("m", "", lambda spec: None)
+        assert await stream.open()
+        assert registry.get_sample_value("triton_sidecar_streams_in_flight", {"model": "m"}) == 1
+        # The client reads nothing: the pump stops once the queue is full, instead of buffering for ever.
+        for _ in range(QUEUE_BATCHES * 3):
+            await asyncio.sleep(0)
+        assert upstream.reads == QUEUE_BATCHES
+        assert await stream.__anext__() == [b"event 1"]
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert upstream.reads == QUEUE_BATCHES + 1  # one taken, one more read: back-pressure, not a stop
+        states.apply("m", lambda h, now: h.probe_failed("golden case broke", now))
+        for _ in range(5):  # the alarm's waiter runs within a few loop turns: no event is read meanwhile
+            await asyncio.sleep(0)
+        assert upstream.reads == QUEUE_BATCHES + 1
+        # Queued events from the now untrusted model are dropped: the stream ends at once.
+        assert [batch async for batch in stream] == []
+        assert stream.ending is not None and stream.ending.reason is Reason.QUARANTINED
+    assert upstream.closed
+    assert registry.get_sample_value("triton_sidecar_streams_in_flight", {"model": "m"}) == 0
+    assert registry.get_sample_value("triton_sidecar_stream_endings_total",
+                                     {"model": "m", "outcome": "quarantined"}) == 1
+    assert core.breaker("m")._slots._value == core.settings.max_in_flight_per_model  # the slot came back

@@ -412,3 +412,66 @@ async def test_idle_connections_close_by_themselves_when_traffic_stops(pools):
         await wait_for(lambda: pool.idle == 0 and server.closed_by_client == pool.connections_opened, 3,
                        what="every idle connection closed")
         assert pool.open_connections == 0
+
+
+# ---- streaming mode (generate_stream) ------------------------------------------------------------------------
+
+
+async def test_a_streamed_answer_arrives_chunk_by_chunk_and_its_connection_is_reused_once_read_to_the_end(pools):
+    release_last = asyncio.Event()
+
+    async def stream_events(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await server.read_request(reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for event in (b'data: {"n":1}\n\n', b'data: {"n":2}\n\n'):
+                writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+                await writer.drain()
+                await release_last.wait()  # the body does not end until the test has read this chunk
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
+    async with TinyServer(stream_events) as server:
+        pool = _pool(pools, server.url)
+        stream = await pool.stream("POST", "/s", {}, b"{}", timeout_s=5)
+        assert (stream.status, stream.headers["content-type"]) == (200, "text/event-stream")
+        # The first event is here while the server still holds the rest of the body back.
+        assert await asyncio.wait_for(stream.read(), 5) == b'data: {"n":1}\n\n'
+        assert not stream.complete
+        release_last.set()
+        rest = b""
+        while chunk := await asyncio.wait_for(stream.read(), 5):
+            rest += chunk
+        assert rest == b'data: {"n":2}\n\n' and stream.complete
+        stream.close()
+        assert pool.idle == 1
+        again = await pool.stream("POST", "/s", {}, b"{}", timeout_s=5)
+        assert (await again.read_all(1024)).count(b"data:") == 2
+        again.close()
+        assert (server.connections, pool.reused, pool.idle) == (1, 1, 1)
+
+
+async def test_a_stream_cut_mid_body_or_closed_early_never_returns_its_connection(pools):
+    async def cut_after_one_event(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        body = await server.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        event = b'data: {"n":1}\n\n'
+        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        await writer.drain()
+        if body == b"cut":
+            writer.transport.abort()  # Triton dies in the middle of the stream
+        else:
+            await server.wait_closed_by_client(reader)  # the client ends the stream early
+
+    async with TinyServer(cut_after_one_event) as server:
+        pool = _pool(pools, server.url)
+        stream = await pool.stream("POST", "/s", {}, b"cut", timeout_s=5)
+        assert await stream.read() == b'data: {"n":1}\n\n'
+        with pytest.raises(UpstreamDropped, match="middle of the answer"):
+            await asyncio.wait_for(stream.read(), 5)
+        stream.close()
+        assert pool.idle == 0 and pool.open_connections == 0
+        early = await pool.stream("POST", "/s", {}, b"early", timeout_s=5)
+        assert await early.read() == b'data: {"n":1}\n\n'
+        early.close()  # not read to its end: aborted, so the server sees the request end
+        await wait_for(lambda: server.closed_by_client == 1, 2, what="the server seeing the stream end")
+        assert pool.idle == 0 and pool.open_connections == 0 and server.connections == 2

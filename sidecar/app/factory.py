@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -23,6 +22,7 @@ from sidecar.app.kubelet import healthz, metrics_endpoint, readyz, status
 from sidecar.config import SidecarConfig
 from sidecar.fronts.appkeys import (
     CONFIG,
+    DOCUMENT_POOL,
     HEALER,
     LIFECYCLE,
     LIVE,
@@ -34,7 +34,7 @@ from sidecar.fronts.appkeys import (
     STATES,
     TLS,
     TRITON,
-    UPSTREAM,
+    TRITON_METRICS_POOL,
     UPSTREAM_POOL,
     WATCH,
 )
@@ -129,7 +129,12 @@ def create_app(
                          config=lambda: live.config, cases_for=store.cases_for,
                          forget=app[SERVING].forget_model, supervisors=supervisors, clock=clock)
     app[UPSTREAM_POOL] = UpstreamPool(config.triton.url, connect_timeout_s=config.proxy.connect_timeout_s)
-    app.cleanup_ctx.append(_upstream_session)
+    app[DOCUMENT_POOL] = UpstreamPool(config.triton.url, connect_timeout_s=config.proxy.connect_timeout_s,
+                                      max_idle=4)
+    # A scrape is one request now and then: one kept-alive connection is plenty.
+    app[TRITON_METRICS_POOL] = UpstreamPool(config.triton.metrics_url, connect_timeout_s=config.proxy.connect_timeout_s,
+                                            max_idle=1)
+    app.cleanup_ctx.append(_upstream_pools)
     app.cleanup_ctx.append(_monitors)
     app.cleanup_ctx.append(_rollouts)
     # Last in, first out: the gRPC server stops (and drains) before the monitors and sessions.
@@ -188,18 +193,13 @@ def _transition_listener(metrics: SidecarMetrics) -> Callable[[Transition], None
     return on_transition
 
 
-async def _upstream_session(app: web.Application) -> AsyncIterator[None]:
-    """One pooled HTTP session to Triton for documents and metrics scrapes; at exit it and the
-    inference connection pool are closed."""
-    proxy = app[CONFIG].proxy
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    timeout = aiohttp.ClientTimeout(total=proxy.upstream_timeout_s, connect=proxy.connect_timeout_s)
+async def _upstream_pools(app: web.Application) -> AsyncIterator[None]:
+    """The connection pools to Triton (proxied traffic, documents, metrics scrapes), closed at exit."""
     try:
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
-            app[UPSTREAM] = session
-            yield
+        yield
     finally:
-        await app[UPSTREAM_POOL].close()
+        for pool in (app[UPSTREAM_POOL], app[DOCUMENT_POOL], app[TRITON_METRICS_POOL]):
+            await pool.close()
 
 
 async def _monitors(app: web.Application) -> AsyncIterator[None]:

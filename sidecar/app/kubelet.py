@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 import structlog
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -21,9 +20,10 @@ from sidecar.fronts.appkeys import (
     ROSTER,
     SERVING,
     STATES,
-    UPSTREAM,
+    TRITON_METRICS_POOL,
     WATCH,
 )
+from sidecar.fronts.upstream_pool import UpstreamError
 from sidecar.health.reload import LiveConfig
 from sidecar.health.supervisor import ModelSupervisor
 from sidecar.health.tasks import CrashRecord
@@ -164,13 +164,13 @@ async def _triton_metrics(app: web.Application) -> bytes:
     """Triton's own nv_* metrics, so that one scrape target serves both and Triton stays private."""
     config = app[LIVE].config
     try:
-        async with app[UPSTREAM].get(
-            config.triton.metrics_url, timeout=aiohttp.ClientTimeout(total=config.metrics.triton_timeout_s)
-        ) as response:
-            if response.status == 200:
-                return await response.read()
-            cause = f"status {response.status}"
-    except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        # The pool's base path is the metrics URL's own path (/metrics).
+        answer = await app[TRITON_METRICS_POOL].request("GET", "", {"Accept-Encoding": "identity"},
+                                                        timeout_s=config.metrics.triton_timeout_s)
+        if answer.status == 200:
+            return answer.body
+        cause = f"status {answer.status}"
+    except (UpstreamError, TimeoutError, OSError) as e:
         cause = repr(e)
     log.warning("triton_metrics_unavailable", cause=cause)
     return b""

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import aiohttp
 from aiohttp import web
 
 from sidecar.config import SidecarConfig
@@ -55,12 +54,19 @@ WATCH = web.AppKey("watch", TritonWatch)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 
 
-#: One pooled HTTP session to Triton for documents (metadata, config, readiness) and metrics scrapes.
-UPSTREAM = web.AppKey("upstream", aiohttp.ClientSession)
-
-
-#: Keep-alive connections to Triton for proxied inferences (the hot path, both listeners).
+#: Keep-alive connections to Triton's HTTP port for proxied inferences (the hot path, both
+#: listeners), generate and generate_stream.
 UPSTREAM_POOL = web.AppKey("upstream_pool", UpstreamPool)
+
+
+#: The same client stack to the same port for Triton's documents (metadata, config, ready, stats):
+#: a pool of its own so that a burst of spec fetches never takes the inference path's warm
+#: connections, and its idle stack stays sized for inferences.
+DOCUMENT_POOL = web.AppKey("document_pool", UpstreamPool)
+
+
+#: The same client stack to Triton's metrics port (`triton.metrics_url`), for /metrics scrapes.
+TRITON_METRICS_POOL = web.AppKey("triton_metrics_pool", UpstreamPool)
 
 
 #: The one readiness every endpoint answers with: /readyz, /v2/health/ready, /v2/models/{m}/ready,

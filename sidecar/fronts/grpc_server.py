@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from sidecar.serving.core import OutputPolicy, Screened, ServingCore
 from sidecar.serving.filtering import hide_in_config, hide_in_metadata
 from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
 from sidecar.serving.routing import VERSION_HEADER
+from sidecar.serving.streaming import EventVerdict, OpenStream
 from sidecar.serving.telemetry import GRPC, RequestContext
 from sidecar.serving.validation import CheckedRequest, ModelSpec, validate_decoded_request
 
@@ -78,9 +79,6 @@ _CLIENT_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT
                            grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE,
                            grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.ALREADY_EXISTS,
                            grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED})
-
-
-_STREAM_END = object()
 
 
 Handler = Callable[[bytes, grpc.aio.ServicerContext, RequestContext], Awaitable[bytes]]
@@ -438,92 +436,147 @@ class GrpcFront:
 
     async def _model_stream_infer(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
                                   ) -> AsyncIterator[bytes]:
-        """Every request validated as it comes, every response screened as it passes; a refusal of one
-        request is an in-stream error (as Triton sends them) unless the model or Triton cannot be
-        trusted any more: then the stream ends with UNAVAILABLE."""
+        """One stream through ServingCore.stream (the rules HTTP generate_stream follows too): every
+        request admitted and validated as it comes (its model's breaker slot held while the stream
+        is open), every response screened as it passes. A refusal of one request is an in-stream
+        error (as Triton sends them) unless the model or Triton cannot be trusted any more: then the
+        stream ends with that status (UNAVAILABLE for a quarantine)."""
         core = self.core
         metadata = dict(context.invocation_metadata() or ())
         ctx = core.request(GRPC, metadata.get("x-request-id"), metadata.get("traceparent"), method="grpc",
                            path=f"/{SERVICE}/ModelStreamInfer", client=self._client_subject(context))
-        outbox: asyncio.Queue[Any] = asyncio.Queue()
-        upstream = self.upstream_stream(metadata=self._forwarded(context, ctx))
-        #: The models this stream has sent requests to: each is watched for a quarantine.
-        models: set[str] = set()
-        watchers: list[asyncio.Task[None]] = []
-
-        async def forward_requests() -> None:
-            async for payload in requests:
-                try:
-                    request = _parse_infer(payload)
-                    core.resolve(ctx, request.model_name, request.model_version)
-                    spec = await core.admitted_spec(request.model_name, request.model_version)
-                    validate_decoded_request(spec, *decode_infer_request(request))
-                except Refusal as e:
-                    if e.reason.grpc_code == "UNAVAILABLE":
-                        await outbox.put(e)
-                        return
-                    if e.before_triton:
-                        core.telemetry.rejected(ctx, e.reason.value)
-                    await outbox.put(_stream_error(e.message, e.reason.value, request_id=""))
-                    continue
-                if request.model_name not in models:
-                    models.add(request.model_name)
-                    watchers.append(asyncio.create_task(watch_quarantine(request.model_name)))
-                await upstream.write(payload)
-            await upstream.done_writing()
-
-        async def watch_quarantine(model: str) -> None:
-            await core.admission.until_untrusted(model)
-            await outbox.put(core.admission.quarantine_refusal(model))
-
-        async def forward_responses() -> None:
-            try:
-                async for answer in upstream:
-                    await outbox.put(answer)
-            except grpc.aio.AioRpcError as e:
-                await outbox.put(core.upstream_refusal("", upstream_failure(e), signal=False))
-                return
-            await outbox.put(_STREAM_END)
-
+        exchange = GrpcStreamExchange(self, self.upstream_stream(metadata=self._forwarded(context, ctx)))
         async with ctx:
-            tasks = [asyncio.create_task(forward_requests()), asyncio.create_task(forward_responses())]
-            try:
-                while True:
-                    item = await outbox.get()
-                    if item is _STREAM_END:
-                        break
-                    if isinstance(item, Refusal):
-                        raise item  # the stream ends with the refusal's code (the scope counts it)
-                    yield self._screen_stream_response(item, models)
-            finally:
-                upstream.cancel()  # a client that leaves cancels Triton's side too
-                for task in tasks + watchers:
-                    task.cancel()
+            async with core.stream(exchange, started=ctx.started) as stream:
+                await stream.open()
+                forwarding = asyncio.create_task(self._forward_requests(requests, stream, exchange, ctx),
+                                                 name="grpc-stream-requests")
+                try:
+                    async for batch in stream:
+                        for payload in batch:
+                            yield payload
+                finally:
+                    forwarding.cancel()
+                    for outcome in await asyncio.gather(forwarding, return_exceptions=True):
+                        if isinstance(outcome, Exception):
+                            log.error("grpc_stream_requests_crashed", cause=repr(outcome), exc_info=outcome)
+                if stream.ending is not None:
+                    raise stream.ending  # the stream ends with the refusal's code (the scope counts it)
             ctx.answered("OK")
         if ctx.refusal is not None:
             await _abort(context, ctx, ctx.refusal)
 
-    def _screen_stream_response(self, payload: bytes, models: set[str]) -> bytes:
-        response = pb.ModelStreamInferResponse.FromString(payload)
-        model = response.infer_response.model_name
-        if response.error_message:
-            # Triton's own in-stream error: a passive signal for the model the stream talks to.
-            if response.error_message[:1] != "[" and len(models) == 1:
-                verdict = triton_error(500, response.error_message)
-                self.core.signals.upstream_failed(next(iter(models)), f"Triton answered: {response.error_message}",
-                                                  stub_dead=isinstance(verdict, StubUnhealthy))
-            return payload
-        if model not in self.app[STATES]:
-            return payload
-        original = response.infer_response.SerializeToString()
+    async def _forward_requests(self, requests: AsyncIterator[bytes], stream: OpenStream[bytes],
+                                exchange: GrpcStreamExchange, ctx: RequestContext) -> None:
+        """The client's requests to Triton, each admitted by the stream first."""
+        core = self.core
         try:
-            answer = self.core.screen(model, GrpcAnswer(original), GrpcInferExchange)  # type: ignore[arg-type]
-        except Refusal as e:
-            return _stream_error(e.message, e.reason.value, request_id=response.infer_response.id)
-        if answer.payload is original:
-            return payload
-        response.infer_response.ParseFromString(answer.payload)
-        return response.SerializeToString()
+            async for payload in requests:
+                try:
+                    request = _parse_infer(payload)
+                    core.resolve(ctx, request.model_name, request.model_version)
+                    await stream.join(request.model_name, request.model_version,
+                                      lambda spec, r=request: validate_decoded_request(spec, *decode_infer_request(r)))
+                except Refusal as e:
+                    if e.reason.grpc_code == "UNAVAILABLE":
+                        stream.end(e)
+                        return
+                    if e.before_triton:
+                        core.telemetry.rejected(ctx, e.reason.value)
+                    stream.emit(_stream_error(e.message, e.reason.value, request_id=""))
+                    continue
+                await exchange.write(payload, stream)
+            await exchange.upstream.done_writing()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+            return  # Triton's side ended: the stream's reader says how
+
+
+class GrpcStreamExchange:
+    """ModelStreamInfer's side of ServingCore.stream: Triton's responses in, screened, out."""
+
+    def __init__(self, front: GrpcFront, upstream: Any) -> None:
+        self.front = front
+        self.upstream = upstream
+        self._states = front.app[STATES]
+        settings = front.core.settings
+        self._first_s = settings.upstream_timeout_s
+        self._idle_s = front.core.config.generation.idle_timeout_s
+        #: Requests sent whose final response has not come yet, and whether the oldest of them has
+        #: answered once (then the next response is a continuation, bounded by idle_timeout_s).
+        self._outstanding = 0
+        self._answering = False
+        self._parsed: tuple[bytes, Any] | None = None
+
+    async def open(self) -> bool:
+        return True  # the call to Triton is open; requests follow as the client sends them
+
+    async def write(self, payload: bytes, stream: OpenStream[bytes]) -> None:
+        self._outstanding += 1
+        if self._outstanding == 1:
+            stream.touch()  # the stream owed nothing: the silence bound counts from this request
+        await self.upstream.write(payload)
+
+    async def receive(self) -> Sequence[bytes]:
+        try:
+            payload = await self.upstream.read()
+        except grpc.aio.AioRpcError as e:
+            raise upstream_failure(e) from e
+        if payload is grpc.aio.EOF:
+            return ()
+        response = pb.ModelStreamInferResponse.FromString(payload)
+        self._parsed = (payload, response)
+        if response.error_message or _final(response.infer_response):
+            self._outstanding = max(0, self._outstanding - 1)
+            self._answering = False
+        else:
+            self._answering = True
+        return (payload,)
+
+    def screen(self, payload: bytes, policy_for: Callable[[str], OutputPolicy]) -> EventVerdict[bytes] | None:
+        parsed = self._parsed
+        response = parsed[1] if parsed is not None and parsed[0] is payload else (
+            pb.ModelStreamInferResponse.FromString(payload))
+        if response.error_message:
+            # Triton's own in-stream error: passed on, and a passive signal for the stream's model.
+            verdict = triton_error(500, response.error_message)
+            return EventVerdict(payload, error=f"Triton answered: {response.error_message}",
+                                stub_dead=isinstance(verdict, StubUnhealthy))
+        model = response.infer_response.model_name
+        if model not in self._states:
+            return None
+        original = response.infer_response.SerializeToString()
+        screened = screen_infer_response(GrpcAnswer(original), policy_for(model))
+        event = payload
+        if screened.answer.payload is not original:
+            response.infer_response.ParseFromString(screened.answer.payload)
+            event = response.SerializeToString()
+        return EventVerdict(event, model, dropped=screened.dropped, non_finite=screened.non_finite,
+                            request_id=response.infer_response.id)
+
+    @staticmethod
+    def in_stream(refusal: Refusal, verdict: EventVerdict[bytes] | None) -> bytes:
+        """A gRPC stream goes on after one bad response: Triton's error passed on as it came, the
+        sidecar's own (NaN/Inf withheld, a response that is not v2) in Triton's in-stream form."""
+        if verdict is not None and verdict.error:
+            return verdict.event
+        return _stream_error(refusal.message, refusal.reason.value,
+                             request_id=verdict.request_id if verdict is not None else "")
+
+    def silence_bound(self, events: int) -> float | None:
+        """Nothing owed: no bound (the client paces a bidirectional stream). A request waiting for its
+        first response: upstream_timeout_s; one in the middle of its responses: idle_timeout_s."""
+        if not self._outstanding:
+            return None
+        return self._idle_s if self._answering else self._first_s
+
+    def close(self) -> None:
+        self.upstream.cancel()  # a client that leaves cancels Triton's side too
+
+
+def _final(response: Any) -> bool:
+    """Triton marks the last response of a request (decoupled models send several)."""
+    flag = response.parameters.get("triton_final_response")
+    return flag is None or flag.bool_param
 
 
 def _no_client(context: grpc.aio.ServicerContext) -> str:

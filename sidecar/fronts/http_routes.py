@@ -20,13 +20,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import rapidjson
 import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from sidecar.fronts.appkeys import READINESS, SERVING, STATES, UPSTREAM, UPSTREAM_POOL, WATCH
+from sidecar.fronts.appkeys import DOCUMENT_POOL, READINESS, SERVING, STATES, UPSTREAM_POOL, WATCH
 from sidecar.fronts.tls import subject_of
 from sidecar.fronts.upstream_pool import UpstreamDropped, UpstreamError, UpstreamPool, UpstreamUnreachable
 from sidecar.messages import cut
@@ -94,7 +93,7 @@ def add_http_routes(app: web.Application) -> None:
         router.add_get(prefix + "/ready", _proxied(model_ready))
         router.add_get(prefix + "/config", _proxied(model_config))
         router.add_get(prefix + "/stats", _proxied(statistics))
-        # generate and generate_stream: sidecar.generate_front (added by the app after these)
+        # generate and generate_stream: sidecar.fronts.generate_routes (added by the app after these)
         for control in ("/trace/setting", "/infer_stream"):
             router.add_route("*", prefix + control, _proxied(forbidden))
     for control in ("/v2/repository{tail:.*}", "/v2/systemsharedmemory{tail:.*}",
@@ -103,7 +102,7 @@ def add_http_routes(app: web.Application) -> None:
 
 
 def document_fetcher(app: web.Application) -> FetchDocument:
-    """How the serving core reads a model's metadata and config: over the pooled HTTP session."""
+    """How the serving core reads a model's metadata and config: over the proxy's pool."""
 
     async def fetch(model: str, version: str, what: str) -> tuple[int, bytes]:
         suffix = "/config" if what == "config" else ""
@@ -247,22 +246,22 @@ async def forbidden(request: web.Request, ctx: RequestContext) -> web.StreamResp
 
 
 async def _upstream_get(app: web.Application, path: str, model: str = "") -> tuple[int, str, bytes]:
-    """GET one of Triton's documents; a failure to get any answer becomes the core's refusal."""
+    """GET one of Triton's documents over the proxy's pool: (status, media type, body); a failure to
+    get any answer becomes the core's refusal."""
     core = app[SERVING]
     try:
-        async with app[UPSTREAM].get(core.config.triton.url.rstrip("/") + path, headers=_IDENTITY,
-                                     timeout=aiohttp.ClientTimeout(total=core.config.triton.timeout_s)
-                                     ) as response:
-            return response.status, response.content_type, await response.read()
-    except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        answer = await app[DOCUMENT_POOL].request("GET", path, _IDENTITY, timeout_s=core.config.triton.timeout_s)
+    except (UpstreamError, TimeoutError, OSError) as e:
         raise core.upstream_refusal(model, upstream_failure(e), signal=False) from e
+    content_type = answer.headers.get("content-type", "").split(";")[0].strip()
+    return answer.status, content_type, answer.body
 
 
 def upstream_failure(e: BaseException) -> UpstreamFailure:
-    """An aiohttp client or connection pool error, said the way the serving core understands."""
+    """A connection pool error, said the way the serving core understands."""
     if isinstance(e, TimeoutError):
         return UpstreamFailure(FailureKind.TIMEOUT)
-    if isinstance(e, (aiohttp.ClientConnectorError, ConnectionRefusedError, UpstreamUnreachable)):
+    if isinstance(e, (ConnectionRefusedError, UpstreamUnreachable)):
         return UpstreamFailure(FailureKind.UNREACHABLE, str(e))
     if isinstance(e, UpstreamDropped):
         return UpstreamFailure(FailureKind.DROPPED, str(e))

@@ -20,6 +20,12 @@ one future. What a production client must still handle, and how:
   connection's end (close-delimited).
 - Triton down or restarting: a refused connection is `UpstreamUnreachable`; the pooled connections of
   the dead server were closed by their protocols, so the first requests after a restart open new ones.
+- streams (`UpstreamPool.stream`, for generate_stream's server-sent events): the answer's head is
+  returned as soon as it is parsed and its body is read chunk by chunk as Triton sends it. The
+  connection goes back to the pool only when its body was read to its end; a stream closed before
+  that (the client left, the stream was ended) aborts it. A reader that falls behind stops the
+  socket being read (`STREAM_HIGH_WATER`), so a slow client slows Triton down instead of filling
+  the sidecar's memory.
 """
 
 from __future__ import annotations
@@ -46,6 +52,11 @@ IDLE_TIMEOUT_S = 15.0
 #: A request body up to this size (bytes) goes out in the same write as its head (one syscall); a
 #: larger one is written on its own so it is not copied to be joined.
 _JOIN_LIMIT = 64 * 1024
+
+
+#: Bytes of a streamed body waiting for their reader before the socket stops being read (TCP then
+#: pushes back on Triton): a few hundred events, never a burst's worth of memory per slow client.
+STREAM_HIGH_WATER = 256 * 1024
 
 
 #: Answers that carry no body by definition (RFC 9110 6.4.1), whatever their headers say.
@@ -76,6 +87,91 @@ class UpstreamAnswer:
         self.body = body
 
 
+class UpstreamStream:
+    """An answer being streamed: its status and headers at once, its body as it arrives.
+
+    `read()` returns the next bytes (b"" at the body's end) and raises UpstreamDropped when the
+    connection breaks first. `close()` must be called once done: it hands the connection back to the
+    pool when the body was read to its end, and aborts it otherwise (Triton then ends the request)."""
+
+    __slots__ = ("_buffered", "_chunks", "_connection", "_error", "_pool", "_waiter", "complete", "headers",
+                 "keep_alive", "status")
+
+    def __init__(self, pool: UpstreamPool, connection: _Connection, status: int, headers: dict[str, str]) -> None:
+        self._pool = pool
+        self._connection: _Connection | None = connection
+        self.status = status
+        self.headers = headers
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: Exception | None = None
+        #: The whole body arrived (its last byte is in `_chunks` or was read).
+        self.complete = False
+        self.keep_alive = False
+
+    async def read(self) -> bytes:
+        """Every byte that arrived since the last read (waiting for at least one), b"" at the end."""
+        while not self._chunks:
+            if self.complete:
+                return b""
+            if self._error is not None:
+                raise self._error
+            self._waiter = self._pool.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
+        if self._buffered > STREAM_HIGH_WATER and self._connection is not None:
+            self._connection.resume_reading()
+        self._buffered = 0
+        return data
+
+    async def read_all(self, limit: int) -> bytes:
+        """The rest of the body, at most `limit` bytes of it (an error answer: Triton writes one line)."""
+        parts, size = [], 0
+        while size < limit and (chunk := await self.read()):
+            parts.append(chunk)
+            size += len(chunk)
+        return b"".join(parts)[:limit]
+
+    def close(self) -> None:
+        """Back to the pool when read to its end, else aborted; idempotent."""
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        connection.stream = None
+        if self.complete and not self._chunks and self.keep_alive:
+            self._pool._release(connection, self._pool.loop.time())
+        else:
+            connection.abort()
+
+    # -- the connection's side ----------------------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > STREAM_HIGH_WATER and self._connection is not None:
+            self._connection.pause_reading()
+        self._wake()
+
+    def _end(self, *, keep_alive: bool) -> None:
+        self.complete = True
+        self.keep_alive = keep_alive
+        self._wake()
+
+    def _fail(self, error: Exception) -> None:
+        self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
 class _Connection(asyncio.Protocol):
     """One TCP connection to Triton; at most one request on it at a time."""
 
@@ -86,12 +182,15 @@ class _Connection(asyncio.Protocol):
         #: Set once the connection must not carry another request (EOF, error, Connection: close).
         self.closed = False
         self.idle_since = 0.0
-        self._waiter: asyncio.Future[UpstreamAnswer] | None = None
+        self._waiter: asyncio.Future[UpstreamAnswer | UpstreamStream] | None = None
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._headers_done = False
         self._until_eof = False
         self._informational = False
+        #: Set by `UpstreamPool.stream`: the head resolves the waiter, the body goes to `stream`.
+        self._streaming = False
+        self.stream: UpstreamStream | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -101,6 +200,14 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._pool._lost(self)
+        stream = self.stream
+        if stream is not None and not stream.complete:
+            if self._until_eof:
+                stream._end(keep_alive=False)  # a close-delimited body ends with the connection
+            else:
+                detail = f" ({exc})" if exc else ""
+                stream._fail(UpstreamDropped(f"connection closed in the middle of the answer{detail}"))
+            return
         waiter = self._waiter
         if waiter is None or waiter.done():
             return
@@ -116,6 +223,14 @@ class _Connection(asyncio.Protocol):
         return None
 
     def data_received(self, data: bytes) -> None:
+        if self.stream is not None and not self.stream.complete:
+            try:
+                self._parser.feed_data(data)
+            except httptools.HttpParserError as e:
+                stream, self.stream = self.stream, None
+                stream._fail(UpstreamDropped(f"the answer is not HTTP: {e}"))
+                self.abort()
+            return
         if self._waiter is None or self._waiter.done():
             # Bytes nobody asked for (on an idle connection, or after a complete answer): this
             # connection's framing can no longer be trusted.
@@ -145,24 +260,41 @@ class _Connection(asyncio.Protocol):
         headers = self._headers
         self._until_eof = (status not in _NO_BODY and "content-length" not in headers
                            and "chunked" not in headers.get("transfer-encoding", "").lower())
+        if self._streaming:
+            waiter = self._waiter
+            if waiter is None or waiter.done():
+                self.abort()  # a head nobody waits for (timed out): nothing here can be trusted
+                return
+            self.stream = UpstreamStream(self._pool, self, status, headers)
+            waiter.set_result(self.stream)  # type: ignore[arg-type]
 
     def on_body(self, body: bytes) -> None:
-        self._body.append(body)
+        if self.stream is not None:
+            self.stream._feed(body)
+        else:
+            self._body.append(body)
 
     def on_message_complete(self) -> None:
         if self._informational:
             self._informational = False
             return
+        if self.stream is not None:
+            keep_alive = self._parser.should_keep_alive()
+            if not keep_alive:
+                self.closed = True
+            self.stream._end(keep_alive=keep_alive)
+            return
         self._answer(keep_alive=self._parser.should_keep_alive())
 
     # -- the pool's side -------------------------------------------------------------------------------
 
-    def send(self, head: bytes, body: bytes) -> bool:
+    def send(self, head: bytes, body: bytes, *, streaming: bool = False) -> bool:
         """Write one request; False when nothing of it went out (the first write failed at once)."""
         transport = self.transport
-        assert transport is not None and self._waiter is None
+        assert transport is not None and self._waiter is None and self.stream is None
         self._waiter = self._pool.loop.create_future()
         self._headers_done = self._until_eof = False
+        self._streaming = streaming
         if len(body) <= _JOIN_LIMIT:
             transport.write(head + body)
             return not transport.is_closing()
@@ -172,7 +304,7 @@ class _Connection(asyncio.Protocol):
         transport.write(body)
         return True
 
-    async def answer(self) -> UpstreamAnswer:
+    async def answer(self) -> UpstreamAnswer | UpstreamStream:
         assert self._waiter is not None
         try:
             return await self._waiter
@@ -187,6 +319,14 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def _answer(self, *, keep_alive: bool) -> None:
         if self._waiter is None or self._waiter.done():
@@ -247,6 +387,23 @@ class UpstreamPool:
 
         Raises UpstreamUnreachable, UpstreamDropped, or TimeoutError; CancelledError aborts the
         connection."""
+        connection, answer = await self._exchange(method, path, headers, body, timeout_s, streaming=False)
+        self._release(connection, self.loop.time())
+        return answer
+
+    async def stream(self, method: str, path: str, headers: Mapping[str, str], body: bytes = b"", *,
+                     timeout_s: float) -> UpstreamStream:
+        """One request whose answer's head arrives within `timeout_s` (connecting included); its
+        body is then read from the returned stream, which the caller must close.
+
+        Raises as `request` does; a cancellation before the head aborts the connection."""
+        _, stream = await self._exchange(method, path, headers, body, timeout_s, streaming=True)
+        return stream  # type: ignore[return-value]
+
+    async def _exchange(self, method: str, path: str, headers: Mapping[str, str], body: bytes, timeout_s: float,
+                        *, streaming: bool) -> tuple[_Connection, UpstreamAnswer | UpstreamStream]:
+        """Send the request (retried once only when none of it went out) and wait for the answer, or
+        for its head when streaming."""
         if self._closed:
             raise UpstreamUnreachable("the connection pool to Triton is closed")
         head = self._head(method, path, headers, body)
@@ -262,7 +419,7 @@ class UpstreamPool:
                 self.reused += 1
             timer = loop.call_at(deadline, connection.time_out)
             try:
-                if not connection.send(head, body):
+                if not connection.send(head, body, streaming=streaming):
                     # Nothing of the request went out (Triton had already closed this connection):
                     # the one case where trying again cannot run an inference twice.
                     connection.abort()
@@ -276,8 +433,7 @@ class UpstreamPool:
                 raise
             finally:
                 timer.cancel()
-            self._release(connection, loop.time())
-            return answer
+            return connection, answer
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     async def close(self) -> None:
@@ -293,7 +449,8 @@ class UpstreamPool:
     # -- pieces ------------------------------------------------------------------------------------------
 
     def _head(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> bytes:
-        lines = [b"%s %s HTTP/1.1\r\n" % (method.encode("ascii"), (self._base_path + path).encode("ascii")),
+        target = self._base_path + path or "/"
+        lines = [b"%s %s HTTP/1.1\r\n" % (method.encode("ascii"), target.encode("ascii")),
                  self._host_line]
         for name, value in headers.items():
             if "\r" in value or "\n" in value:

@@ -3,8 +3,9 @@
 Each front (HTTP in sidecar.fronts.http_routes and http_listener, gRPC in sidecar.fronts.grpc_server)
 opens the request's scope (`ServingCore.request`, sidecar.serving.request: ids, log context, drain,
 telemetry, refusals, unexpected exceptions), decodes its request into an `Exchange`, calls
-`ServingCore.infer`, and encodes what comes back: an answer, or a `Refusal` whose
-`Reason` names the HTTP status and the gRPC code. Nothing here imports aiohttp or grpc
+`ServingCore.infer` (unary: infer and generate) or `ServingCore.stream` (generate_stream and
+ModelStreamInfer), and encodes what comes back: an answer, or a `Refusal` whose `Reason` names the
+HTTP status and the gRPC code. Nothing here imports aiohttp or grpc
 (import-linter contract "The serving core is wire-free").
 """
 
@@ -37,6 +38,7 @@ from sidecar.serving.rollouts import GoldenGate, Rollouts, compare_answers, tens
 from sidecar.serving.routing import DEFAULT, PINNED, SHADOW, Route, Router, pinned_version
 from sidecar.serving.shadow import ShadowCalls
 from sidecar.serving.specs import FetchDocument, SpecCache
+from sidecar.serving.streaming import EventT, OpenStream, StreamExchange
 from sidecar.serving.telemetry import RequestContext, RequestTelemetry
 from sidecar.serving.validation import CheckedRequest, Limits, ModelSpec
 from sidecar.states import ModelStates
@@ -108,6 +110,7 @@ class ServingCore:
                  lifecycle: Lifecycle | None = None) -> None:
         self.config = config
         self.settings = config.proxy
+        self.metrics = metrics
         self.filter = OutputFilter(config.filtering.rules)
         self.admission = Admission(states=states, settings=config.proxy, metrics=metrics)
         # JSON Schemas are compiled once, at start; a bad file stops the start (ConfigError names it).
@@ -244,6 +247,12 @@ class ServingCore:
             return  # the rollout moved on (aborted, promoted) while this call ran
         self._metrics.rollout_compared.labels(model=model, candidate=rollout.settings.candidate,
                                               outcome="differs" if differs else "same").inc()
+
+    def stream(self, exchange: StreamExchange[EventT], *, started: float) -> OpenStream[EventT]:
+        """A stream (HTTP generate_stream, gRPC ModelStreamInfer): `async with` it, `join` each
+        request's model, `open` it, then iterate its events (sidecar.serving.streaming).
+        `started` is the request's perf_counter start, for the first-event histogram."""
+        return OpenStream(self, exchange, started=started)
 
     async def admitted_spec(self, model: str, version: str) -> ModelSpec:
         """Wait for admission, then the model's spec (streams call this for every request)."""
