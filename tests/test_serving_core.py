@@ -54,7 +54,7 @@ class FakeExchange:
     def validate(self, spec: ModelSpec) -> None:
         validate_decoded_request(spec, self.doc, b"")
 
-    async def send(self) -> dict[str, list[float]]:
+    async def send(self, version: str = "") -> dict[str, list[float]]:
         self.sent += 1
         if self.delay_s:
             await asyncio.sleep(self.delay_s)

@@ -79,7 +79,7 @@ async def test_a_crashing_probe_round_restarts_its_supervisor_and_leaves_the_oth
     assert (await sidecar.get("/healthz"))[0] == 200
 
 
-async def test_a_supervisor_that_keeps_crashing_fails_liveness_with_the_model_named(triton, metadata_raises, start):
+async def test_a_supervisor_that_keeps_crashing_fails_liveness_and_readiness_with_the_model_named(triton, metadata_raises, start):
     sidecar = await start(sidecar_config(triton, models=[BROKEN, OTHER], golden_dir=GOLDEN,
                                          liveness={"watchdog_stall_s": 3.0}), triton=metadata_raises)
     for model in (BROKEN, OTHER):
@@ -99,6 +99,11 @@ async def test_a_supervisor_that_keeps_crashing_fails_liveness_with_the_model_na
     assert status["models"][BROKEN]["supervisor"]["stalled"] is True
     assert status["models"][OTHER]["supervisor"]["stalled"] is False
     assert sidecar.metric("triton_sidecar_task_crashes_total", task="supervisor") >= 3
+    # Its last state (HEALTHY) is no longer re-checked: not ready either, and only it.
+    status, ready = await sidecar.get("/readyz")
+    assert status == 503, ready
+    assert any(f"model {BROKEN}" in p and "no round" in p for p in ready["problems"]), ready["problems"]
+    assert not any(OTHER in p for p in ready["problems"]), ready["problems"]
 
 
 #: Probes of a bank's fraud model at 3 a.m.: one round a few seconds, two failed rounds to judge.

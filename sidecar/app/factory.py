@@ -124,7 +124,7 @@ def create_app(
         lifecycle=app[LIFECYCLE])
     live = app[LIVE]
     app[READINESS] = Readiness(lifecycle=app[LIFECYCLE], states=states, triton=app[WATCH],
-                               missing_golden=_missing_golden(app[LIVE]))
+                               doubts=_health_doubts(app[LIVE], supervisors))
     app[ROSTER] = Roster(triton=triton, states=states, prober=app[PROBER], healer=app[HEALER], metrics=metrics,
                          config=lambda: live.config, cases_for=store.cases_for,
                          forget=app[SERVING].forget_model, supervisors=supervisors, clock=clock)
@@ -167,15 +167,21 @@ def _close_on_exit(triton: TritonClient) -> Callable[[web.Application], AsyncIte
     return close
 
 
-def _missing_golden(live: LiveConfig) -> Callable[[str], str]:
-    """Readiness's view of probes.require_golden, read from the config in force (it reloads)."""
+def _health_doubts(live: LiveConfig, supervisors: Supervisors) -> Callable[[str], str]:
+    """Readiness's view of the health loop: probes.require_golden (from the config in force, it
+    reloads), and a model's supervisor that has completed no round within liveness.watchdog_stall_s
+    (its state is no longer re-checked: /healthz fails for it too)."""
 
-    def missing(model: str) -> str:
-        if not live.config.probes.require_golden or live.golden.cases_for(model):
-            return ""
-        return f"model {model} has no golden files under {live.golden.golden_dir / model} (probes.require_golden)"
+    def doubts(model: str) -> str:
+        config = live.config
+        if config.probes.require_golden and not live.golden.cases_for(model):
+            return f"model {model} has no golden files under {live.golden.golden_dir / model} (probes.require_golden)"
+        supervisor = supervisors.get(model)
+        if supervisor is not None and supervisor.stalled_for() > config.liveness.watchdog_stall_s:
+            return f"model {model}: its probe loop completed no round for {supervisor.stalled_for():.0f} s"
+        return ""
 
-    return missing
+    return doubts
 
 
 def _transition_listener(metrics: SidecarMetrics) -> Callable[[Transition], None]:

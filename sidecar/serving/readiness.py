@@ -4,11 +4,13 @@ The kubelet's `/readyz`, the v2 `/v2/health/ready` and `/v2/models/{m}/ready`, g
 `ModelReady`, and `grpc.health.v1` all read `Readiness`: a client, a load balancer and the kubelet
 never disagree about whether the pod (or one model) should get traffic. The pod is ready when it is
 not draining, Triton is ready, models were discovered and every model is ready; a model is ready when
-its answers are trusted (HEALTHY or DEGRADED) and, with `probes.require_golden`, it has golden files.
+its answers are trusted (HEALTHY or DEGRADED), the health loop still vouches for that state (its
+supervisor completed a round within `liveness.watchdog_stall_s`: a state nobody re-checks is not
+trusted) and, with `probes.require_golden`, it has golden files.
 
-What readiness needs from the health side (Triton's readiness as the watch last saw it, whether a
-model lacks the golden files it must have) is handed in by the app as a small protocol and a
-callable: the serving core never imports the health loop.
+What readiness needs from the health side (Triton's readiness as the watch last saw it, why the
+health loop does not vouch for a model) is handed in by the app as a small protocol and a callable:
+the serving core never imports the health loop.
 """
 
 from __future__ import annotations
@@ -30,17 +32,18 @@ class TritonReadiness(Protocol):
     def detail(self) -> str: ...
 
 
-#: For a model name: why it lacks golden files it must have (probes.require_golden), or "".
-MissingGolden = Callable[[str], str]
+#: For a model name: why the health loop does not vouch for its state (no golden files where
+#: probes.require_golden wants them, a supervisor that completes no round), or "".
+HealthDoubts = Callable[[str], str]
 
 
 class Readiness:
     def __init__(self, *, lifecycle: Lifecycle, states: ModelStates, triton: TritonReadiness,
-                 missing_golden: MissingGolden) -> None:
+                 doubts: HealthDoubts) -> None:
         self._lifecycle = lifecycle
         self._states = states
         self._triton = triton
-        self._missing_golden = missing_golden
+        self._doubts = doubts
 
     def problems(self) -> list[str]:
         """Why the pod should not get inference traffic now; empty when it should."""
@@ -71,7 +74,7 @@ class Readiness:
         problems = []
         if not health.state.serves_traffic:
             problems.append(f"model {model} {health.state.value}: {health.cause}")
-        missing = self._missing_golden(model)
-        if missing:
-            problems.append(missing)
+        doubt = self._doubts(model)
+        if doubt:
+            problems.append(doubt)
         return problems

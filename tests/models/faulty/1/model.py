@@ -59,10 +59,9 @@ class TritonPythonModel:
             threading.Event().wait()
         if self.delay_s:
             time.sleep(self.delay_s)
-        bias = self.b
-        if self.wrong_calls:
+        wrong = self.wrong_calls > 0
+        if wrong:
             self.wrong_calls -= 1
-            bias = np.float32(5.0)
         elif self.slow_calls:
             self.slow_calls -= 1
             time.sleep(0.2)
@@ -76,7 +75,9 @@ class TritonPythonModel:
                     )
                 )
                 continue
-            scores = _sigmoid(x @ self.w + bias).astype(np.float32).reshape(-1, 1)
+            scores = _sigmoid(x @ self.w + self.b).astype(np.float32).reshape(-1, 1)
+            if wrong:
+                scores = _sigmoid(x @ self.w + np.float32(5.0)).astype(np.float32).reshape(-1, 1)
             income = _sigmoid(x @ self.v).astype(np.float32).reshape(-1, 1)
             responses.append(
                 pb_utils.InferenceResponse(
