@@ -79,7 +79,8 @@ async def test_a_crashing_probe_round_restarts_its_supervisor_and_leaves_the_oth
     assert (await sidecar.get("/healthz"))[0] == 200
 
 
-async def test_a_supervisor_that_keeps_crashing_fails_liveness_and_readiness_with_the_model_named(triton, metadata_raises, start):
+async def test_a_supervisor_that_keeps_crashing_fails_liveness_and_readiness_with_the_model_named(
+        triton, metadata_raises, start):
     sidecar = await start(sidecar_config(triton, models=[BROKEN, OTHER], golden_dir=GOLDEN,
                                          liveness={"watchdog_stall_s": 3.0}), triton=metadata_raises)
     for model in (BROKEN, OTHER):
