@@ -36,7 +36,6 @@ import math
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,6 +51,8 @@ from bench.procfs import describe_fds, open_fds, rss_bytes
 from bench.repository import EXAMPLES, FAULTY_TEMPLATE, copy_golden, copy_model, credit_risk_scores
 from bench.shutdown import interrupt_on_termination
 from bench.sidecar_process import CREDIT_FILTER_RULE, SidecarProcess, sidecar_settings
+from bench.traffic import count as count_categories
+from bench.traffic import open_loop
 from sidecar.devtools.tritonserver import LocalTriton
 
 VICTIM = "credit_risk_faulty"
@@ -212,25 +213,11 @@ class Clients:
             await self.call(model, int(rng.integers(len(self.inputs.bodies))))
 
     async def fixed_rate(self, model: str, rate: float) -> None:
-        """An open loop: a slow answer does not slow the sending down."""
-        interval, sent, start = 1.0 / rate, 0, time.monotonic()
-        tasks: set[asyncio.Task[None]] = set()
-        try:
-            while True:
-                task = asyncio.create_task(self.call(model, sent % len(self.inputs.bodies)))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                sent += 1
-                await asyncio.sleep(max(0.0, start + sent * interval - time.monotonic()))
-        finally:
-            for task in list(tasks):
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await open_loop(lambda sent: self.call(model, sent % len(self.inputs.bodies)), rate)
 
 
 def count(outcomes: Iterable[Outcome]) -> dict[str, int]:
-    counted = Counter(o.category for o in outcomes)
-    return {"sent": sum(counted.values()), **{c: counted.get(c, 0) for c in CATEGORIES}}
+    return count_categories(outcomes, CATEGORIES)
 
 
 def _exposed(outcome: Outcome, fault: FaultRecord) -> bool:

@@ -10,7 +10,7 @@ import asyncio
 import collections
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -94,28 +94,41 @@ class Traffic:
     async def fixed_rate(self, calls: list[ModelCall], rate: float, max_in_flight: int = 256) -> None:
         """`rate` requests per second in all, round robin over `calls`, each in its own task, until
         cancelled; an open loop, so a slow answer does not slow the sending down (bounded in flight)."""
-        interval, sent = 1.0 / rate, 0
-        in_flight: set[asyncio.Task[Outcome]] = set()
-        start = time.monotonic()
-        try:
-            while True:
-                if len(in_flight) < max_in_flight:
-                    task = asyncio.create_task(self.call(calls[sent % len(calls)]))
-                    in_flight.add(task)
-                    task.add_done_callback(in_flight.discard)
-                else:
-                    self.skipped += 1
-                sent += 1
-                await asyncio.sleep(max(0.0, start + sent * interval - time.monotonic()))
-        finally:
-            for task in list(in_flight):
-                task.cancel()
-            await asyncio.gather(*in_flight, return_exceptions=True)
+
+        def skipped() -> None:
+            self.skipped += 1
+
+        await open_loop(lambda sent: self.call(calls[sent % len(calls)]), rate, max_in_flight=max_in_flight,
+                        on_skip=skipped)
 
 
-def count(outcomes: Iterable[Outcome]) -> dict[str, int]:
+async def open_loop(send: Callable[[int], Awaitable[object]], rate: float, *, max_in_flight: int | None = None,
+                on_skip: Callable[[], None] | None = None) -> None:
+    """`send(n)` for n = 0, 1, 2, ... at `rate` per second, each in its own task, until cancelled:
+    an open loop, so a slow answer does not slow the sending down. Past `max_in_flight` unanswered,
+    a send is skipped (`on_skip`); the tasks still running are cancelled at the end."""
+    interval, sent = 1.0 / rate, 0
+    in_flight: set[asyncio.Task[object]] = set()
+    start = time.monotonic()
+    try:
+        while True:
+            if max_in_flight is None or len(in_flight) < max_in_flight:
+                task = asyncio.create_task(send(sent))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+            elif on_skip is not None:
+                on_skip()
+            sent += 1
+            await asyncio.sleep(max(0.0, start + sent * interval - time.monotonic()))
+    finally:
+        for task in list(in_flight):
+            task.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
+
+
+def count(outcomes: Iterable[Outcome], categories: Iterable[str] = CATEGORIES) -> dict[str, int]:
     counted = collections.Counter(o.category for o in outcomes)
-    return {"sent": sum(counted.values()), **{c: counted.get(c, 0) for c in CATEGORIES}}
+    return {"sent": sum(counted.values()), **{c: counted.get(c, 0) for c in categories}}
 
 
 def started_between(outcomes: Iterable[Outcome], start: float, end: float,
