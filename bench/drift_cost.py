@@ -35,6 +35,7 @@ from sidecar.fronts.http_routes import HttpInferExchange
 from sidecar.metrics import SidecarMetrics
 from sidecar.serving.core import ServingCore
 from sidecar.serving.drift import DriftMonitor, parse_reference, reference_from_values
+from sidecar.serving.passive_signals import HealthEvents
 from sidecar.serving.validation import Limits, build_model_spec, validate_decoded_request, validate_infer_request
 from sidecar.states import ModelStates
 
@@ -57,8 +58,9 @@ def _core() -> ServingCore:
     drift = DriftMonitor(config.drift, {("credit_risk", ""): parse_reference(doc, Path("credit_risk.json"))})
     return ServingCore(config, states=ModelStates(failure_threshold=1, success_threshold=1, clock=time.monotonic),
                        metrics=SidecarMetrics(CollectorRegistry()), fetch_document=_no_fetch,
-                       cases_for=lambda model: (), note_stub_dead=lambda m: None, probe_soon=lambda m: None,
-                       mark_unreachable=lambda c: None, drift=drift)
+                       cases_for=lambda model: (), drift=drift,
+                       events=HealthEvents(probe_soon=lambda m: None, stub_dead=lambda m: None,
+                                           triton_unreachable=lambda c: None))
 
 
 async def _no_fetch(model: str, version: str, what: str) -> tuple[int, bytes]:

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.validation_cost [--repeats 7] [--min-time 0.2]
 
 The same FP32 JSON request (1x128, 16x128, 64x128, 256x128) is checked by
-`sidecar.validation.validate_infer_request` (parse with rapidjson, shape/datatype/count checks,
+`sidecar.serving.validation.validate_infer_request` (parse with rapidjson, shape/datatype/count checks,
 vectorised finiteness) and by `jsonschema.Draft202012Validator` after `json.loads`, with a schema of
 the v2 request whose data items are typed per element ({"type": "number"}). Both validators are
 built once, as the sidecar does at start-up; the timings include parsing the body. No server runs:
@@ -25,7 +25,7 @@ import jsonschema
 
 from bench.inference import features, json_request
 from bench.machine import command_line, describe_machine, write_results
-from sidecar import validation
+from sidecar.serving import validation
 
 SIZES = [1, 16, 64, 256]
 TARGET_SPEEDUP_AT_64 = 20.0
