@@ -238,3 +238,27 @@ def test_psi_is_zero_for_the_reference_itself_and_floors_empty_bins():
     assert PSI_FLOOR > 0
     with pytest.raises(ReferenceFileError, match="key 'rows'"):
         parse_reference({"format": 1, "model": "m", "rows": -1}, Path("m.json"))
+
+
+def test_the_window_counts_exactly_the_last_window_rows_after_it_wraps():
+    from sidecar.serving.drift import TensorWindow, reference_from_values
+
+    rng = np.random.default_rng(4)
+    reference = parse_reference(reference_from_values("m", "", {"x": ("FP64", rng.standard_normal((3000, 5)))}, {}),
+                                Path("m.json")).inputs["x"]
+    window = TensorWindow(reference, 100, (-999.0,), count_nan=False)
+    seen = rng.standard_normal((257, 5))
+    seen[rng.random(seen.shape) < 0.1] = -999.0
+    window.add(seen[:7])  # a batch, then single rows: both paths
+    for row in seen[7:]:
+        window.add(row[None, :])
+    last = seen[-100:]
+    want = np.zeros((5, reference.bins + 1), dtype=np.int64)
+    for f in range(5):
+        present = last[:, f][last[:, f] != -999.0]
+        cuts = reference.edges[f][np.isfinite(reference.edges[f])]
+        want[f, : len(cuts) + 1] = np.bincount(np.searchsorted(cuts, present, side="right"), minlength=len(cuts) + 1)
+        want[f, -1] = int((last[:, f] == -999.0).sum())
+    assert window.rows == 100
+    assert np.array_equal(window.table(), want)
+    assert window.missing_ratio() == pytest.approx((last == -999.0).mean())
