@@ -69,7 +69,8 @@ def add_record_reference_parser(commands: Any) -> None:
                         help="the sidecar's config: Triton's URL, drift.reference_dir, drift.missing_sentinels")
     parser.add_argument("--out", type=Path, metavar="DIR", help="directory to write to (default drift.reference_dir)")
     parser.add_argument("--version", default="", metavar="V",
-                        help="send to this model version and write <model>@<V>.json (default: any version)")
+                        help="send to this model version (--from) or record only its answers (--live), and write "
+                             "<model>@<V>.json (default: any version)")
     parser.add_argument("--bins", type=int, default=DEFAULT_BINS, help=f"bins per feature (default {DEFAULT_BINS})")
     parser.add_argument("--sidecar-url", metavar="URL", help="the running sidecar for --live (default "
                         "http://127.0.0.1:<listen.port>)")
@@ -98,8 +99,7 @@ def _cmd_record_reference(args: argparse.Namespace) -> int:
             if not url.startswith(("http://", "https://")):
                 raise CommandError(f"--sidecar-url must be http://host:port, got {url!r}")
             timeout = args.timeout if args.timeout != DEFAULT_CALL_TIMEOUT_S else 600.0
-            doc = record_live(url, args.model, args.live, bins=args.bins, timeout_s=timeout)
-            doc["version"] = args.version or None
+            doc = record_live(url, args.model, args.live, args.version, bins=args.bins, timeout_s=timeout)
     except _Failed as e:
         print(f"triton-sidecar: record-reference failed: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -154,9 +154,13 @@ def record_from_file(config: SidecarConfig, model: str, version: str, source: Pa
                                  sentinels=sentinels)
 
 
-def record_live(sidecar_url: str, model: str, rows: int, *, bins: int, timeout_s: float) -> dict[str, Any]:
-    """Ask a running sidecar to record the next `rows` rows it answers for `model`."""
+def record_live(sidecar_url: str, model: str, rows: int, version: str, *, bins: int,
+                timeout_s: float) -> dict[str, Any]:
+    """Ask a running sidecar to record the next `rows` rows it answers for `model` (answered by
+    `version` only, when given)."""
     url = f"{sidecar_url.rstrip('/')}/drift/{model}/record?rows={rows}&bins={bins}&timeout_s={timeout_s:g}"
+    if version:
+        url += f"&version={version}"
     status, body = _post(url, b"", timeout_s + 10)
     if status != 200:
         raise _Failed(f"the sidecar at {sidecar_url} answered {status}: {body[:300].decode(errors='replace')}")

@@ -596,13 +596,16 @@ def _le(edge: float) -> str:
 
 
 class LiveRecorder:
-    """Collects the raw values of the next `rows` answered rows of one model, for a reference.
-    Held in memory only, and only while someone records (never logged)."""
+    """Collects the raw values of the next `rows` answered rows of one model (of one answered
+    version when `version` is given), for a reference. Held in memory only, and only while someone
+    records (never logged)."""
 
-    def __init__(self, model: str, rows: int) -> None:
+    def __init__(self, model: str, rows: int, version: str = "") -> None:
         self.model = model
         self.rows = rows
-        self.version = ""
+        #: "" records every version's answers; else only this version's (a `<model>@<version>.json`
+        #: reference must not hold another version's outputs).
+        self.version = version
         self.inputs: dict[str, tuple[str, list[np.ndarray]]] = {}
         self.outputs: dict[str, tuple[str, list[np.ndarray]]] = {}
         self.seen = 0
@@ -610,7 +613,7 @@ class LiveRecorder:
         self.on_done: Callable[[], None] = lambda: None
 
     def add(self, version: str, inputs: Iterable[Tensor], outputs: Iterable[Tensor], batched: bool) -> None:
-        if self.done:
+        if self.done or (self.version and version != self.version):
             return
         count = 0
         for store, tensors in ((self.inputs, inputs), (self.outputs, outputs)):
@@ -623,7 +626,6 @@ class LiveRecorder:
                     continue
                 store.setdefault(name, (datatype, []))[1].append(rows.astype(np.float64))
                 count = max(count, len(rows))
-        self.version = self.version or version
         self.seen += count
         if self.seen >= self.rows:
             self.done = True
@@ -634,5 +636,5 @@ class LiveRecorder:
         def stacked(store: dict[str, tuple[str, list[np.ndarray]]]) -> dict[str, tuple[str, np.ndarray]]:
             return {name: (datatype, np.concatenate(parts)[: self.rows]) for name, (datatype, parts) in store.items()}
 
-        return reference_from_values(self.model, "", stacked(self.inputs), stacked(self.outputs), bins=bins,
-                                     sentinels=sentinels)
+        return reference_from_values(self.model, self.version, stacked(self.inputs), stacked(self.outputs),
+                                     bins=bins, sentinels=sentinels)
