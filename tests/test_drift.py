@@ -8,6 +8,8 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from sidecar.devtools.tritonserver import LocalTriton, free_port
 from sidecar.fronts.appkeys import HEALER, SERVING
 from sidecar.serving.drift import PSI_FLOOR, DriftMonitor, ReferenceFileError, load_reference, parse_reference
 from sidecar.states import ModelState
-from tests.harness import FAULTY_TEMPLATE, GOLDEN, RunningSidecar, sidecar_config, triton_post, wait_for
+from tests.harness import FAULTY_TEMPLATE, GOLDEN, REPO, RunningSidecar, sidecar_config, triton_post, wait_for
 from tests.proxy_support import started_and_healthy
 
 MODEL = "credit_risk"
@@ -273,6 +275,15 @@ def test_a_broken_reference_file_stops_the_start_naming_the_file_and_key(tmp_pat
     config = replace(config, drift=replace(config.drift, reference_dir=tmp_path))
     with pytest.raises(ConfigError, match=r"m\.json: key 'inputs\.x\.edges\.0'"):
         create_app(config, golden={})
+    # The command: one line naming the file and the key, exit 2, before anything listens.
+    config_file = tmp_path / "sidecar.yaml"
+    config_file.write_text(f"golden_dir: {GOLDEN}\nlisten: {{port: {free_port()}, grpc_port: 0}}\n"
+                           f"drift: {{reference_dir: {tmp_path}}}\n")
+    run = subprocess.run([sys.executable, "-m", "sidecar", "run", "--config", str(config_file)], capture_output=True,
+                         text=True, timeout=60, cwd=REPO)
+    err = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(err) == 1, run.stderr
+    assert str(tmp_path / "m.json") in err[0] and "key 'inputs.x.edges.0'" in err[0], err
 
 
 def _monitor(features: int, **settings: Any) -> DriftMonitor:
