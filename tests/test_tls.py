@@ -30,11 +30,13 @@ import tritonclient.http as triton_http
 from tritonclient.grpc import service_pb2 as pb
 
 from sidecar.app.probe_port import ProbeListener
+from sidecar.cli.main import main
 from sidecar.config import ConfigError, load_config
 from sidecar.devtools.tritonserver import free_port
-from sidecar.fronts.appkeys import TLS
+from sidecar.fronts.appkeys import SERVING, TLS
 from sidecar.fronts.grpc_server import SERVICE
 from sidecar.fronts.tls import HANDSHAKE_REASONS, handshake_reason
+from sidecar.serving.drift import load_reference
 from sidecar.states import ModelState
 from tests.harness import GOLDEN, REPO, wait_for
 from tests.proxy_support import credit_json, features, proxy_config, started_and_healthy
@@ -430,6 +432,46 @@ async def test_mutual_tls_refuses_every_client_without_an_allowed_certificate_on
             assert answer.status == 404 and "probe port" in (await answer.json())["error"]
     finally:
         await probes.close()
+
+
+async def test_record_reference_live_reaches_a_sidecar_behind_mutual_tls(triton, start, ca, tmp_path):
+    """`record-reference --live` is the one command that talks to the sidecar's TLS port: it verifies
+    the sidecar's certificate against --ca-file and presents --cert-file; without them it is refused."""
+    volume = SecretVolume(tmp_path / "secret")
+    volume.install(server_cert(ca), ca)
+    config = tls_config(triton, volume, mutual=True, grpc_port=False, drift={"reference_dir": tmp_path / "reference"})
+    sidecar = await started_and_healthy(start, config)
+    port = sidecar.server.port
+    recorder = issue(ca, "drift-recorder", client=True)
+    cert, key = recorder.write(tmp_path, "recorder")
+    out = tmp_path / "recorded"
+    base = ["record-reference", "--model", "credit_risk", "--live", "500", "--sidecar-url", f"https://localhost:{port}",
+            "--out", str(out), "--timeout", "60"]
+    with_ca = [*base, "--ca-file", str(volume.ca_file)]
+
+    # No client certificate: the handshake is refused, exit 1, nothing written.
+    assert await asyncio.to_thread(main, with_ca) == 1
+    await wait_for(lambda: _handshake_failures(sidecar, "no_client_certificate") >= 1, 5, what="no certificate")
+    # A CA file that is not one: a usage error, before any connection.
+    assert main([*base, "--ca-file", str(tmp_path / "missing.crt"), "--cert-file", str(cert),
+                 "--key-file", str(key)]) == 2
+    assert main([*with_ca, "--cert-file", str(cert)]) == 2  # a certificate without its key
+    assert not out.exists()
+
+    monitor = sidecar.app[SERVING].drift
+    recording = asyncio.ensure_future(asyncio.to_thread(main, [*with_ca, "--cert-file", str(cert),
+                                                               "--key-file", str(key)]))
+    await wait_for(lambda: "credit_risk" in monitor.recorders, 10, what="the live recording registered")
+    client = await HttpsConnection.open(port, client_context(ca, issue(ca, "scorer", client=True), tmp_path / "c"))
+    try:
+        for seed in range(32):  # 32 x 16 rows >= 500
+            status, _ = await client.request("POST", "/v2/models/credit_risk/infer",
+                                             json.dumps(credit_json(rows=16, seed=seed)).encode())
+            assert status == 200
+    finally:
+        client.close()
+    assert await asyncio.wait_for(recording, 30) == 0
+    assert load_reference(out / "credit_risk.json").rows == 500
 
 
 async def test_healing_works_as_ever_with_tls_on(triton, start, ca, tmp_path, fresh_model):
