@@ -207,8 +207,11 @@ async def test_record_reference_live_writes_the_next_n_rows_and_run_reads_it_wit
     sidecar = await started_and_healthy(start, drift_config(triton, reference_dir, [MODEL]))
     monitor = sidecar.app[SERVING].drift
     assert not monitor.has_reference(MODEL)
+    # No --out: the file goes to the config's drift.reference_dir, the directory `run` reads.
+    config_file = tmp_path / "record.yaml"
+    config_file.write_text(f"drift: {{reference_dir: {reference_dir}}}\n")
     args = ["record-reference", "--model", MODEL, "--live", str(REFERENCE_ROWS), "--sidecar-url", sidecar.url,
-            "--out", str(reference_dir), "--timeout", "60"]
+            "--config", str(config_file), "--timeout", "60"]
     recording = asyncio.ensure_future(asyncio.to_thread(main, args))
     await wait_for(lambda: MODEL in monitor.recorders, 10, what="the live recording registered")
     recorded = rows(REFERENCE_ROWS, seed=1)
