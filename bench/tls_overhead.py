@@ -9,7 +9,8 @@ Legs, alternating in each round (the order rotates, so a shared machine's drifts
   plaintext sidecar; its CPU per request is Envoy's plus that sidecar's.
 Scenarios: HTTP keep-alive (wrk, 1x128 FP32 JSON on credit_risk) and gRPC (bench/grpc_load.py,
 1x128 raw), c=1 and c=8; then new connections per second (`wrk -H "Connection: close"` on
-/healthz, c=8: a full TLS handshake per request) on HTTP. The certificate is ECDSA P-256 from a
+/healthz, c=1 and c=8: a full TLS handshake per request, so req/s is handshakes per second and CPU
+per request is CPU per handshake) on HTTP. The certificate is ECDSA P-256 from a
 throwaway CA made here (sidecar.devtools.certificates), as cert-manager issues it in k8s/overlays/tls.
 
     .venv/bin/python -m bench.tls_overhead [--rounds 3 --duration 5]
@@ -41,13 +42,12 @@ from sidecar.devtools.tritonserver import LocalTriton, free_port
 MODEL = "credit_risk"
 CONCURRENCY = [1, 8]
 LEGS = ["sidecar", "sidecar-tls", "envoy-tls"]
-HANDSHAKE_CONNECTIONS = 8
 
 
-def _wrk_new_connections(url: str, duration_s: int) -> dict[str, Any]:
-    """GET url with `Connection: close` on 8 connections: every request is a new connection (and a
-    full TLS handshake on https://)."""
-    done = subprocess.run(["wrk", "-t1", f"-c{HANDSHAKE_CONNECTIONS}", f"-d{duration_s}s", "-H", "Connection: close",
+def _wrk_new_connections(wrk: Wrk, url: str, connections: int, duration_s: int) -> dict[str, Any]:
+    """GET url with `Connection: close` on `connections` connections: every request is a new
+    connection (and a full TLS handshake on https://)."""
+    done = subprocess.run([wrk.binary, "-t1", f"-c{connections}", f"-d{duration_s}s", "-H", "Connection: close",
                            url], capture_output=True, text=True, timeout=duration_s + 60, check=False)
     rate = re.search(r"Requests/sec:\s+([0-9.]+)", done.stdout)
     total = re.search(r"(\d+) requests in", done.stdout)
@@ -107,7 +107,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             if run_load(target, grpc_file, 2, 1, ca_path)["errors"]:
                 raise SystemExit(f"{leg}: gRPC warm-up failed")
         machine = describe_machine(triton.url)
-        scenarios = [(wire, c) for wire in ("http", "grpc") for c in CONCURRENCY] + [("new connections", 8)]
+        scenarios = [(wire, c) for wire in ("http", "grpc", "new connections") for c in CONCURRENCY]
         for round_no in range(args.rounds):
             for i, (wire, concurrency) in enumerate(scenarios):
                 shift = (round_no + i) % len(LEGS)
@@ -120,7 +120,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         target, ca_path = grpc_targets[leg]
                         result = run_load(target, grpc_file, concurrency, args.duration, ca_path)
                     else:
-                        result = _wrk_new_connections(f"{http[leg]}/healthz", int(args.duration))
+                        result = _wrk_new_connections(wrk, f"{http[leg]}/healthz", concurrency, int(args.duration))
                     cpu = sum(cpu_seconds(p) for p in pids[leg]) - before
                     runs.append({"round": round_no, "wire": wire, "concurrency": concurrency, "leg": leg, **result,
                                  "cpu_s": round(cpu, 3)})

@@ -257,7 +257,7 @@ class DriftSection:
     #: written by `triton-sidecar record-reference` and re-read on change like golden files.
     reference_dir: Path = Path("drift_reference")
     #: Share of a measured model's answered requests that are binned (0..1). At 1.0 the cost is about
-    #: 10 us of CPU per 1x128 request (bench/drift_cost.py); lower it only for very hot models.
+    #: 12 us of CPU per 1x128 request (bench/drift_cost.py); lower it only for very hot models.
     sample_rate: float = 1.0
     #: Rows (one per request for unbatched traffic) in each model version's sliding window. 1,000 keeps
     #: the PSI noise floor of 10 bins near 0.01 per feature and under 0.05 as a max over 128 features,

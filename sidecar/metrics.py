@@ -136,7 +136,9 @@ class SidecarMetrics:
         self.tls_handshake_failures = Counter(f"{PREFIX}_tls_handshake_failures", "TLS connections refused, by "
                                               "reason (not_tls, no_client_certificate, client_certificate_rejected, "
                                               "client_san_not_allowed, protocol_version, timeout, client_closed, "
-                                              "other).", ["reason"], registry=registry)
+                                              "other): every failed handshake on listen.port; on listen.grpc_port "
+                                              "only client_san_not_allowed (gRPC core fails the others unseen).",
+                                              ["reason"], registry=registry)
 
         # Version rollouts (sidecar.serving.rollouts, docs/rollouts.md)
         self.rollout_share = Gauge(f"{PREFIX}_rollout_share", "The candidate's share of unpinned traffic now.",

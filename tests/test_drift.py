@@ -4,9 +4,12 @@ and drift in /status without touching the model's state."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,9 +21,10 @@ import tritonclient.grpc.aio as grpcclient
 from sidecar.cli.main import main
 from sidecar.config import ConfigError, SidecarConfig
 from sidecar.devtools.tritonserver import LocalTriton, free_port
-from sidecar.fronts.appkeys import SERVING
+from sidecar.fronts.appkeys import HEALER, SERVING
 from sidecar.serving.drift import PSI_FLOOR, DriftMonitor, ReferenceFileError, load_reference, parse_reference
-from tests.harness import FAULTY_TEMPLATE, GOLDEN, RunningSidecar, sidecar_config, triton_post, wait_for
+from sidecar.states import ModelState
+from tests.harness import FAULTY_TEMPLATE, GOLDEN, REPO, RunningSidecar, sidecar_config, triton_post, wait_for
 from tests.proxy_support import started_and_healthy
 
 MODEL = "credit_risk"
@@ -101,12 +105,19 @@ async def test_reference_traffic_stays_quiet_and_a_two_sigma_shift_is_named_with
     others = [psi(sidecar, "features", str(i)) for i in range(128) if i != SHIFTED]
     assert max(v for v in others if v is not None) < 0.1, "only the shifted feature may drift"
 
-    # Reported, never acted on: the model keeps its state and its traffic.
+    # Reported, never acted on: the model keeps its state and its traffic, and is never unloaded.
     _, status = await sidecar.get("/status")
     drift = status["models"][MODEL]["drift"]
     assert drift["degraded"] is True and f"features feature {SHIFTED}" in drift["cause"], drift
-    assert status["models"][MODEL]["state"] == "HEALTHY"
+    assert status["models"][MODEL]["state"] == "HEALTHY" and status["models"][MODEL]["heal_attempts"] == 0
     await send(sidecar, rows(BATCH, seed=4, shift=2.0))
+    # A heal would have to pass through HEALING (the healer is the only caller of unload/load), and
+    # degrade_above_psi must not count as a failed probe round either.
+    assert sidecar.first_transition_to(MODEL, ModelState.HEALING, ModelState.UNHEALTHY,
+                                       ModelState.DEGRADED) is None
+    assert sidecar.app[HEALER].attempts.get(MODEL, 0) == 0
+    _, ready = await sidecar.get("/readyz")
+    assert ready["status"] == "ok", ready
 
 
 async def test_a_missing_value_sentinel_rate_rises_in_its_metric(triton, tmp_path, start):
@@ -174,8 +185,55 @@ async def test_a_changed_model_version_shifts_the_output_histogram_and_its_psi(t
                                    le=middle) / WINDOW for v in ("1", "2")}
         assert 0.35 < below["1"] < 0.65, below  # the reference's median, about half below
         assert below["2"] < 0.2, below  # a larger bias moves the scores up
+
+        # Version 2's own reference (`<model>@2.json`) wins over the model-wide one for version 2, read
+        # without a restart: its scores are no drift against themselves.
+        await asyncio.to_thread(record, triton, tmp_path, name, version="2")
+        monitor = sidecar.app[SERVING].drift
+        await wait_for(lambda: len(monitor.reference_for(name)) == 2, 5, what="version 2's reference loaded")
+        await send(sidecar, rows(WINDOW, seed=8), model=name, version="2")
+        own = psi(sidecar, "scores", "0", model=name, version="2")
+        assert own is not None and own < 0.1, own
+        _, status = await sidecar.get("/status")
+        assert str(reference_dir / f"{name}@2.json") in status["models"][name]["drift"]["references"]
     finally:
         triton_post(triton, f"/v2/repository/models/{name}/unload")
+
+
+async def test_record_reference_live_writes_the_next_n_rows_and_run_reads_it_without_a_restart(
+        triton, tmp_path, start):
+    reference_dir = tmp_path / "reference"
+    reference_dir.mkdir()
+    sidecar = await started_and_healthy(start, drift_config(triton, reference_dir, [MODEL]))
+    monitor = sidecar.app[SERVING].drift
+    assert not monitor.has_reference(MODEL)
+    # No --out: the file goes to the config's drift.reference_dir, the directory `run` reads.
+    config_file = tmp_path / "record.yaml"
+    config_file.write_text(f"drift: {{reference_dir: {reference_dir}}}\n")
+    args = ["record-reference", "--model", MODEL, "--live", str(REFERENCE_ROWS), "--sidecar-url", sidecar.url,
+            "--config", str(config_file), "--timeout", "60"]
+    recording = asyncio.ensure_future(asyncio.to_thread(main, args))
+    await wait_for(lambda: MODEL in monitor.recorders, 10, what="the live recording registered")
+    recorded = rows(REFERENCE_ROWS, seed=1)
+    await send(sidecar, recorded)
+    assert await asyncio.wait_for(recording, 30) == 0
+    assert MODEL not in monitor.recorders  # the recording ends with the command
+
+    reference = load_reference(reference_dir / f"{MODEL}.json")
+    assert reference.rows == REFERENCE_ROWS and reference.version == ""
+    features_ref = reference.inputs["features"]
+    # The deciles of exactly the rows that were sent (not of other traffic, not of a sample).
+    for feature in (0, SHIFTED, 127):
+        want = np.quantile(recorded[:, feature].astype(np.float64), np.linspace(0, 1, 11)[1:-1])
+        assert np.allclose(features_ref.edges[feature], want), feature
+    assert features_ref.counts.sum(axis=1).tolist() == [REFERENCE_ROWS] * 128
+    assert reference.outputs["scores"].counts.sum() == REFERENCE_ROWS  # Triton's answers, binned too
+
+    # `run` picks the new file up like a golden file; from then on the model is measured.
+    await wait_for(lambda: monitor.has_reference(MODEL), 5, what="the recorded reference loaded")
+    await send(sidecar, rows(WINDOW, seed=2))
+    quiet = max_psi(sidecar)
+    assert quiet is not None and quiet < 0.1, quiet
 
 
 async def test_grpc_traffic_is_measured_like_http(triton, tmp_path, start):
@@ -220,6 +278,50 @@ def test_a_broken_reference_file_stops_the_start_naming_the_file_and_key(tmp_pat
     config = replace(config, drift=replace(config.drift, reference_dir=tmp_path))
     with pytest.raises(ConfigError, match=r"m\.json: key 'inputs\.x\.edges\.0'"):
         create_app(config, golden={})
+    # The command: one line naming the file and the key, exit 2, before anything listens.
+    config_file = tmp_path / "sidecar.yaml"
+    config_file.write_text(f"golden_dir: {GOLDEN}\nlisten: {{port: {free_port()}, grpc_port: 0}}\n"
+                           f"drift: {{reference_dir: {tmp_path}}}\n")
+    run = subprocess.run([sys.executable, "-m", "sidecar", "run", "--config", str(config_file)], capture_output=True,
+                         text=True, timeout=60, cwd=REPO)
+    err = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(err) == 1, run.stderr
+    assert str(tmp_path / "m.json") in err[0] and "key 'inputs.x.edges.0'" in err[0], err
+
+
+def _monitor(features: int, **settings: Any) -> DriftMonitor:
+    from sidecar.serving.drift import reference_from_values
+
+    x = np.random.default_rng(0).standard_normal((5000, features))
+    reference = parse_reference(reference_from_values("m", "", {"x": ("FP64", x)}, {}), Path("m.json"))
+    rng = settings.pop("rng", None)
+    drift = replace(SidecarConfig().drift, window=1000, **settings)
+    return DriftMonitor(drift, {("m", ""): reference}, **({"rng": rng} if rng else {}))
+
+
+def test_max_features_keeps_only_the_most_drifted_features_of_a_tensor_on_metrics():
+    from prometheus_client import CollectorRegistry
+
+    monitor = _monitor(6, max_features=2)
+    live = np.random.default_rng(1).standard_normal((1000, 6))
+    live[:, 4] += 2.0
+    live[:, 1] += 0.7
+    monitor.observe("m", "1", [("x", "FP64", live.shape, live)], [], batched=True)
+    registry = CollectorRegistry()
+    registry.register(monitor.collector())
+    series = {sample.labels["feature"]: sample.value for family in registry.collect()
+              if family.name == "triton_sidecar_drift_psi" for sample in family.samples}
+    assert list(series) == ["4", "1"], series  # the two most drifted, most drifted first; the rest dropped
+    assert series["4"] > series["1"] > 0.1
+    assert registry.get_sample_value("triton_sidecar_drift_max_psi", {"model": "m", "version": "1"}) == \
+        pytest.approx(series["4"])
+
+
+def test_sample_rate_measures_that_share_of_requests_and_costs_no_draw_without_a_reference():
+    draws = iter([0.1, 0.5, 0.24, 0.9])
+    monitor = _monitor(1, sample_rate=0.25, rng=lambda: next(draws))
+    assert monitor.wants("other_model") is False  # no reference: no draw taken
+    assert [monitor.wants("m") for _ in range(4)] == [True, False, True, False]
 
 
 def test_psi_is_zero_for_the_reference_itself_and_floors_empty_bins():
@@ -238,3 +340,27 @@ def test_psi_is_zero_for_the_reference_itself_and_floors_empty_bins():
     assert PSI_FLOOR > 0
     with pytest.raises(ReferenceFileError, match="key 'rows'"):
         parse_reference({"format": 1, "model": "m", "rows": -1}, Path("m.json"))
+
+
+def test_the_window_counts_exactly_the_last_window_rows_after_it_wraps():
+    from sidecar.serving.drift import TensorWindow, reference_from_values
+
+    rng = np.random.default_rng(4)
+    reference = parse_reference(reference_from_values("m", "", {"x": ("FP64", rng.standard_normal((3000, 5)))}, {}),
+                                Path("m.json")).inputs["x"]
+    window = TensorWindow(reference, 100, (-999.0,), count_nan=False)
+    seen = rng.standard_normal((257, 5))
+    seen[rng.random(seen.shape) < 0.1] = -999.0
+    window.add(seen[:7])  # a batch, then single rows: both paths
+    for row in seen[7:]:
+        window.add(row[None, :])
+    last = seen[-100:]
+    want = np.zeros((5, reference.bins + 1), dtype=np.int64)
+    for f in range(5):
+        present = last[:, f][last[:, f] != -999.0]
+        cuts = reference.edges[f][np.isfinite(reference.edges[f])]
+        want[f, : len(cuts) + 1] = np.bincount(np.searchsorted(cuts, present, side="right"), minlength=len(cuts) + 1)
+        want[f, -1] = int((last[:, f] == -999.0).sum())
+    assert window.rows == 100
+    assert np.array_equal(window.table(), want)
+    assert window.missing_ratio() == pytest.approx((last == -999.0).mean())

@@ -679,6 +679,17 @@ def test_the_tls_overlay_serves_a_cert_manager_certificate_that_renews_in_place(
     mount, volume = sidecar_mounts(objects)[TLS_DIR]
     assert "subPath" not in mount and mount.get("readOnly") is True
     secret_name = volume["secret"]["secretName"]
+    # The sidecar's user can read the key: the kubelet writes a Secret's files as root, with group
+    # fsGroup (root without one) and defaultMode (0644 without one); the process runs with its
+    # runAsGroup, supplementalGroups and fsGroup.
+    pod_security, own_security = spec.get("securityContext", {}), sidecar.get("securityContext", {})
+    uid = own_security.get("runAsUser", pod_security.get("runAsUser"))
+    groups = {own_security.get("runAsGroup", pod_security.get("runAsGroup")), pod_security.get("fsGroup"),
+              *pod_security.get("supplementalGroups", ())} - {None}
+    mode = volume["secret"].get("defaultMode", 0o644)
+    file_group = pod_security.get("fsGroup", 0)
+    readable = mode & 0o400 if uid == 0 else mode & 0o040 if file_group in groups else mode & 0o004
+    assert readable, f"uid {uid} (groups {groups}) cannot read a {oct(mode)} file of group {file_group}"
 
     certificates = {o["metadata"]["name"]: o for o in of_kind(objects, "Certificate")}
     issuers = {o["metadata"]["name"] for o in of_kind(objects, "Issuer")}

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import ssl
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,11 +30,13 @@ import tritonclient.http as triton_http
 from tritonclient.grpc import service_pb2 as pb
 
 from sidecar.app.probe_port import ProbeListener
+from sidecar.cli.main import main
 from sidecar.config import ConfigError, load_config
 from sidecar.devtools.tritonserver import free_port
-from sidecar.fronts.appkeys import TLS
+from sidecar.fronts.appkeys import SERVING, TLS
 from sidecar.fronts.grpc_server import SERVICE
 from sidecar.fronts.tls import HANDSHAKE_REASONS, handshake_reason
+from sidecar.serving.drift import load_reference
 from sidecar.states import ModelState
 from tests.harness import GOLDEN, REPO, wait_for
 from tests.proxy_support import credit_json, features, proxy_config, started_and_healthy
@@ -149,6 +155,67 @@ def test_a_bad_certificate_key_or_ca_file_stops_the_start_with_one_line_naming_i
     assert len(err) == 1 and str(named) in err[0], err
 
 
+def _plain_get(url: str) -> tuple[int, bytes] | None:
+    """Status and body of a plaintext GET, or None while nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+async def test_run_serves_tls_on_both_ports_and_plaintext_probes_only_on_probe_port(triton, ca, tmp_path):
+    """The `run` command as the tls overlay starts it (the files and the probe port from the
+    environment): the kubelet's plaintext probes and Prometheus' scrape on listen.probe_port, nothing
+    plaintext on listen.port or listen.grpc_port."""
+    volume = SecretVolume(tmp_path / "secret")
+    served = server_cert(ca)
+    volume.install(served, ca)
+    port, grpc_port, probe_port = free_port(), free_port(), free_port()
+    env = {"SIDECAR_TRITON_URL": triton.url, "SIDECAR_LISTEN_HOST": "127.0.0.1", "SIDECAR_LISTEN_PORT": str(port),
+           "SIDECAR_LISTEN_GRPC_PORT": str(grpc_port), "SIDECAR_LISTEN_PROBE_PORT": str(probe_port),
+           "SIDECAR_TLS_CERT_FILE": str(volume.cert_file), "SIDECAR_TLS_KEY_FILE": str(volume.key_file),
+           "SIDECAR_MODELS": "credit_risk", "SIDECAR_GOLDEN_DIR": str(GOLDEN), "SIDECAR_PROBES_INTERVAL_S": "0.3"}
+    process = subprocess.Popen([sys.executable, "-m", "sidecar", "run"], cwd=REPO, env={**os.environ, **env},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    probes = f"http://127.0.0.1:{probe_port}"
+    try:
+        await wait_for(lambda: (_plain_get(probes + "/readyz") or (0,))[0] == 200, 30, what="/readyz 200 on probe_port")
+        assert _plain_get(probes + "/healthz")[0] == 200  # type: ignore[index]
+        status, metrics = _plain_get(probes + "/metrics")  # type: ignore[misc]
+        assert status == 200 and b"triton_sidecar_tls_cert_expiry_timestamp_seconds" in metrics
+        assert _plain_get(probes + "/v2/models/credit_risk")[0] == 404  # type: ignore[index]
+
+        assert not (await _plaintext_answer(port)).startswith(b"HTTP/")
+        assert await served_serial(port, ca) == served.cert.serial_number
+        connection = await HttpsConnection.open(port, client_context(ca))
+        try:
+            status, body = await connection.request("POST", "/v2/models/credit_risk/infer",
+                                                    json.dumps(credit_json()).encode())
+            assert status == 200 and b"scores" in body, body
+        finally:
+            connection.close()
+        assert await _grpc_live(grpc_port, ca, None) == grpc.StatusCode.OK
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as plain:
+                await channel.unary_unary(f"/{SERVICE}/ServerLive")(pb.ServerLiveRequest().SerializeToString(),
+                                                                     timeout=5)
+        assert plain.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            stdout, stderr = process.communicate()
+    assert process.returncode == 0, stderr
+    started = [json.loads(line) for line in stdout.splitlines() if '"sidecar_started"' in line]
+    assert started and started[0]["tls"] is True and started[0]["probe_port"] == probe_port, stdout[-2000:]
+
+
 # -- serving over TLS ----------------------------------------------------------------------------------------------
 
 
@@ -262,6 +329,19 @@ async def test_a_broken_renewal_is_refused_naming_the_file_and_the_old_certifica
     assert await served_serial(port, ca) == fixed.cert.serial_number
 
 
+async def test_min_version_1_3_refuses_a_tls_1_2_client_and_counts_it(triton, start, ca, tmp_path):
+    volume = SecretVolume(tmp_path / "secret")
+    volume.install(server_cert(ca), ca)
+    config = tls_config(triton, volume, grpc_port=False)
+    config = replace(config, tls=replace(config.tls, min_version="1.3"))
+    sidecar = await started_and_healthy(start, config)
+    old_client = client_context(ca)
+    old_client.maximum_version = ssl.TLSVersion.TLSv1_2
+    assert await _https_status(sidecar.server.port, old_client) is None
+    await wait_for(lambda: _handshake_failures(sidecar, "protocol_version") >= 1, 5, what="protocol_version counted")
+    assert await _https_status(sidecar.server.port, client_context(ca)) == 200  # TLS 1.3 goes through
+
+
 # -- mutual TLS ----------------------------------------------------------------------------------------------------
 
 
@@ -352,6 +432,46 @@ async def test_mutual_tls_refuses_every_client_without_an_allowed_certificate_on
             assert answer.status == 404 and "probe port" in (await answer.json())["error"]
     finally:
         await probes.close()
+
+
+async def test_record_reference_live_reaches_a_sidecar_behind_mutual_tls(triton, start, ca, tmp_path):
+    """`record-reference --live` is the one command that talks to the sidecar's TLS port: it verifies
+    the sidecar's certificate against --ca-file and presents --cert-file; without them it is refused."""
+    volume = SecretVolume(tmp_path / "secret")
+    volume.install(server_cert(ca), ca)
+    config = tls_config(triton, volume, mutual=True, grpc_port=False, drift={"reference_dir": tmp_path / "reference"})
+    sidecar = await started_and_healthy(start, config)
+    port = sidecar.server.port
+    recorder = issue(ca, "drift-recorder", client=True)
+    cert, key = recorder.write(tmp_path, "recorder")
+    out = tmp_path / "recorded"
+    base = ["record-reference", "--model", "credit_risk", "--live", "500", "--sidecar-url", f"https://localhost:{port}",
+            "--out", str(out), "--timeout", "60"]
+    with_ca = [*base, "--ca-file", str(volume.ca_file)]
+
+    # No client certificate: the handshake is refused, exit 1, nothing written.
+    assert await asyncio.to_thread(main, with_ca) == 1
+    await wait_for(lambda: _handshake_failures(sidecar, "no_client_certificate") >= 1, 5, what="no certificate")
+    # A CA file that is not one: a usage error, before any connection.
+    assert main([*base, "--ca-file", str(tmp_path / "missing.crt"), "--cert-file", str(cert),
+                 "--key-file", str(key)]) == 2
+    assert main([*with_ca, "--cert-file", str(cert)]) == 2  # a certificate without its key
+    assert not out.exists()
+
+    monitor = sidecar.app[SERVING].drift
+    recording = asyncio.ensure_future(asyncio.to_thread(main, [*with_ca, "--cert-file", str(cert),
+                                                               "--key-file", str(key)]))
+    await wait_for(lambda: "credit_risk" in monitor.recorders, 10, what="the live recording registered")
+    client = await HttpsConnection.open(port, client_context(ca, issue(ca, "scorer", client=True), tmp_path / "c"))
+    try:
+        for seed in range(32):  # 32 x 16 rows >= 500
+            status, _ = await client.request("POST", "/v2/models/credit_risk/infer",
+                                             json.dumps(credit_json(rows=16, seed=seed)).encode())
+            assert status == 200
+    finally:
+        client.close()
+    assert await asyncio.wait_for(recording, 30) == 0
+    assert load_reference(out / "credit_risk.json").rows == 500
 
 
 async def test_healing_works_as_ever_with_tls_on(triton, start, ca, tmp_path, fresh_model):

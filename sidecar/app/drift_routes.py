@@ -1,5 +1,6 @@
-"""POST /drift/{model}/record: the drift reference of the next N rows the sidecar answers for a
-model (`triton-sidecar record-reference --live N`).
+"""POST /drift/{model}/record?rows=N[&version=V]: the drift reference of the next N rows the sidecar
+answers for a model, of version V only when given (`triton-sidecar record-reference --live N
+[--version V]`).
 
 The raw values are held in memory only for the recording, never logged; the answer is the reference
 (bin edges and counts), not the values.
@@ -32,8 +33,11 @@ async def record_reference(request: web.Request) -> web.Response:
     if not 1 <= rows <= 1_000_000 or not 2 <= bins <= 100 or not 0 < timeout_s <= MAX_RECORD_S:
         return web.json_response({"error": f"rows must be 1..1000000, bins 2..100, timeout_s 0..{MAX_RECORD_S:g}"},
                                  status=400)
+    version = request.query.get("version", "")
+    if version and not version.isdigit():
+        return web.json_response({"error": f"version must be a model version number, got {version!r}"}, status=400)
     monitor = request.app[SERVING].drift
-    recorder = LiveRecorder(model, rows)
+    recorder = LiveRecorder(model, rows, version)
     done = asyncio.Event()
     recorder.on_done = done.set
     monitor.recorders.setdefault(model, []).append(recorder)

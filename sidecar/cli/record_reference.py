@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import sys
 import tempfile
 import urllib.error
@@ -69,10 +70,18 @@ def add_record_reference_parser(commands: Any) -> None:
                         help="the sidecar's config: Triton's URL, drift.reference_dir, drift.missing_sentinels")
     parser.add_argument("--out", type=Path, metavar="DIR", help="directory to write to (default drift.reference_dir)")
     parser.add_argument("--version", default="", metavar="V",
-                        help="send to this model version and write <model>@<V>.json (default: any version)")
+                        help="send to this model version (--from) or record only its answers (--live), and write "
+                             "<model>@<V>.json (default: any version)")
     parser.add_argument("--bins", type=int, default=DEFAULT_BINS, help=f"bins per feature (default {DEFAULT_BINS})")
     parser.add_argument("--sidecar-url", metavar="URL", help="the running sidecar for --live (default "
-                        "http://127.0.0.1:<listen.port>)")
+                        "http://127.0.0.1:<listen.port>, https://localhost:<listen.port> with tls.cert_file set)")
+    parser.add_argument("--ca-file", type=Path, metavar="FILE",
+                        help="for --live over https: the CA bundle that signed the sidecar's certificate "
+                             "(default: the system's)")
+    parser.add_argument("--cert-file", type=Path, metavar="FILE",
+                        help="for --live to a sidecar with tls.client_ca_file (mutual TLS): this client "
+                             "certificate (PEM), with --key-file")
+    parser.add_argument("--key-file", type=Path, metavar="FILE", help="the key of --cert-file (PEM, unencrypted)")
     parser.add_argument("--timeout", type=positive_seconds, default=DEFAULT_CALL_TIMEOUT_S, metavar="S",
                         help="bound on each call to Triton; for --live, on the whole recording (default "
                              f"{DEFAULT_CALL_TIMEOUT_S:g} s per call, 600 s live)")
@@ -94,12 +103,13 @@ def _cmd_record_reference(args: argparse.Namespace) -> int:
         else:
             if args.live < MIN_ROWS:
                 raise CommandError(f"--live {args.live}: record at least {MIN_ROWS} requests (docs/drift.md)")
-            url = args.sidecar_url or f"http://127.0.0.1:{config.listen.port}"
+            url = args.sidecar_url or (f"https://localhost:{config.listen.port}" if config.tls.enabled
+                                       else f"http://127.0.0.1:{config.listen.port}")
             if not url.startswith(("http://", "https://")):
                 raise CommandError(f"--sidecar-url must be http://host:port, got {url!r}")
             timeout = args.timeout if args.timeout != DEFAULT_CALL_TIMEOUT_S else 600.0
-            doc = record_live(url, args.model, args.live, bins=args.bins, timeout_s=timeout)
-            doc["version"] = args.version or None
+            doc = record_live(url, args.model, args.live, args.version, bins=args.bins, timeout_s=timeout,
+                              context=_client_tls(url, args))
     except _Failed as e:
         print(f"triton-sidecar: record-reference failed: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -154,10 +164,37 @@ def record_from_file(config: SidecarConfig, model: str, version: str, source: Pa
                                  sentinels=sentinels)
 
 
-def record_live(sidecar_url: str, model: str, rows: int, *, bins: int, timeout_s: float) -> dict[str, Any]:
-    """Ask a running sidecar to record the next `rows` rows it answers for `model`."""
+def _client_tls(url: str, args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The TLS client context for an https --sidecar-url (None for http://); a file that cannot be
+    used is a usage error naming it."""
+    given = [name for name in ("ca_file", "cert_file", "key_file") if getattr(args, name) is not None]
+    if not url.startswith("https://"):
+        if given:
+            raise CommandError(f"--{given[0].replace('_', '-')} needs an https:// --sidecar-url, got {url!r}")
+        return None
+    if (args.cert_file is None) != (args.key_file is None):
+        raise CommandError("--cert-file and --key-file go together (a client certificate and its key)")
+    try:
+        context = ssl.create_default_context(cafile=args.ca_file)
+    except (ssl.SSLError, OSError) as e:
+        raise CommandError(f"--ca-file {args.ca_file}: not a readable PEM CA bundle: {e}") from e
+    if args.cert_file is not None:
+        try:
+            context.load_cert_chain(args.cert_file, args.key_file)
+        except (ssl.SSLError, OSError) as e:
+            raise CommandError(f"--cert-file {args.cert_file} / --key-file {args.key_file}: not a usable "
+                               f"certificate and key: {e}") from e
+    return context
+
+
+def record_live(sidecar_url: str, model: str, rows: int, version: str, *, bins: int,
+                timeout_s: float, context: ssl.SSLContext | None = None) -> dict[str, Any]:
+    """Ask a running sidecar to record the next `rows` rows it answers for `model` (answered by
+    `version` only, when given)."""
     url = f"{sidecar_url.rstrip('/')}/drift/{model}/record?rows={rows}&bins={bins}&timeout_s={timeout_s:g}"
-    status, body = _post(url, b"", timeout_s + 10)
+    if version:
+        url += f"&version={version}"
+    status, body = _post(url, b"", timeout_s + 10, context)
     if status != 200:
         raise _Failed(f"the sidecar at {sidecar_url} answered {status}: {body[:300].decode(errors='replace')}")
     return json.loads(body)  # type: ignore[no-any-return]
@@ -171,11 +208,11 @@ def _get_json(url: str, timeout_s: float) -> dict[str, Any]:
         raise _Failed(f"{url}: {e}") from e
 
 
-def _post(url: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+def _post(url: str, body: bytes, timeout_s: float, context: ssl.SSLContext | None = None) -> tuple[int, bytes]:
     request = urllib.request.Request(url, data=body, method="POST",  # noqa: S310 - http(s) only, checked
                                      headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - the operator's own URL
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:  # noqa: S310
             return response.status, response.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()

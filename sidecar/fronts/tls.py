@@ -83,11 +83,12 @@ class TlsMaterial:
     subject: str
 
 
-def _read(key: str, path: str) -> bytes:
+def _read(key: str, path: str, named: str | None = None) -> bytes:
+    """The bytes of `path` (a resolved name); errors name the file as configured (`named`)."""
     try:
         return Path(path).read_bytes()
     except OSError as e:
-        raise TlsFileError(f"tls.{key} {path}: cannot read: {e.strerror}") from e
+        raise TlsFileError(f"tls.{key} {named or path}: cannot read: {e.strerror}") from e
 
 
 def _certificates(key: str, path: str, pem: bytes) -> list[x509.Certificate]:
@@ -101,10 +102,11 @@ def _certificates(key: str, path: str, pem: bytes) -> list[x509.Certificate]:
 def load_material(section: TlsSection, *, now: Callable[[], float] = time.time) -> TlsMaterial:
     """Read and check the files of `section` and build both listeners' credentials from them."""
     # Resolve the symlinks once: the kubelet may swap `..data` while we read, and every read below
-    # must see the same generation of the Secret.
+    # (ours and OpenSSL's) must see the same generation of the Secret. (The kubelet removes the old
+    # generation after the swap: a read of a resolved path that is gone fails and is read again.)
     cert_path = os.path.realpath(section.cert_file)
     key_path = os.path.realpath(section.key_file)
-    cert_pem, key_pem = _read("cert_file", section.cert_file), _read("key_file", section.key_file)
+    cert_pem, key_pem = _read("cert_file", cert_path, section.cert_file), _read("key_file", key_path, section.key_file)
     chain = _certificates("cert_file", section.cert_file, cert_pem)
     leaf = chain[0]
     try:
@@ -127,7 +129,7 @@ def load_material(section: TlsSection, *, now: Callable[[], float] = time.time) 
         raise TlsFileError(f"tls.cert_file {section.cert_file}: OpenSSL refused it with tls.key_file: {e}") from e
     ca_pem = None
     if section.client_ca_file:
-        ca_pem = _read("client_ca_file", section.client_ca_file)
+        ca_pem = _read("client_ca_file", os.path.realpath(section.client_ca_file), section.client_ca_file)
         _certificates("client_ca_file", section.client_ca_file, ca_pem)
         try:
             context.load_verify_locations(cadata=ca_pem.decode("ascii"))
