@@ -97,6 +97,7 @@ async def test_reference_traffic_stays_quiet_and_a_two_sigma_shift_is_named_with
     assert quiet is not None and quiet < 0.1, f"max PSI {quiet} on traffic drawn like the reference"
     _, status = await sidecar.get("/status")
     assert status["models"][MODEL]["drift"]["degraded"] is False, status["models"][MODEL]["drift"]
+    assert status["models"][MODEL]["drift"]["state"] == "STABLE", status["models"][MODEL]["drift"]
 
     await send(sidecar, rows(WINDOW, seed=3, shift=2.0))
     shifted = psi(sidecar, "features", str(SHIFTED))
@@ -109,6 +110,7 @@ async def test_reference_traffic_stays_quiet_and_a_two_sigma_shift_is_named_with
     _, status = await sidecar.get("/status")
     drift = status["models"][MODEL]["drift"]
     assert drift["degraded"] is True and f"features feature {SHIFTED}" in drift["cause"], drift
+    assert drift["state"] == "DEGRADED", drift
     assert status["models"][MODEL]["state"] == "HEALTHY" and status["models"][MODEL]["heal_attempts"] == 0
     await send(sidecar, rows(BATCH, seed=4, shift=2.0))
     # A heal would have to pass through HEALING (the healer is the only caller of unload/load), and
