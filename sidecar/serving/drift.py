@@ -507,7 +507,8 @@ class DriftMonitor:
                 degraded_by.append(f"model {model}{label}: PSI {reading.max_psi:.2f} > {threshold:g} "
                                    f"(drift.degrade_above_psi) in {tensor} feature {feature}")
         return {"measured": True, "references": [str(r.path) for r in self.reference_for(model)],
-                "state": "DEGRADED" if degraded_by else "STABLE", "degraded": bool(degraded_by), "cause": "; ".join(degraded_by) or None, "versions": versions,
+                "state": "DEGRADED" if degraded_by else "STABLE", "degraded": bool(degraded_by),
+                "cause": "; ".join(degraded_by) or None, "versions": versions,
                 "reload_refused": self.refused}
 
     def collector(self) -> Collector:
