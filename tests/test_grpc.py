@@ -461,3 +461,34 @@ async def test_an_open_stream_holds_a_breaker_slot_and_counts_in_the_in_flight_g
     # The slot came back: a new stream is served to its end.
     answers = await _stream(f"127.0.0.1:{config.listen.grpc_port}", 2)
     assert [r.as_numpy("VALUE")[0] for _, r, _ in answers] == [0.0, 0.5]
+
+
+async def test_http2_bounds_streams_per_connection_idle_connections_and_ping_floods(triton, start):
+    config = grpc_config(triton, listen={"grpc_max_concurrent_streams": 1, "grpc_max_connection_idle_s": 0.5,
+                                         "grpc_min_ping_interval_s": 10})
+    sidecar = await started_and_healthy(start, config)
+    target = f"127.0.0.1:{config.listen.grpc_port}"
+    live = pb.ServerLiveRequest().SerializeToString()
+    async with grpc.aio.insecure_channel(target) as channel:
+        server_live = channel.unary_unary(f"/{SERVICE}/ServerLive")
+        await server_live(live, timeout=5)  # connected: the client knows the server's SETTINGS now
+        stream = _stream_call(channel)  # one open call: the connection's only stream
+        with pytest.raises(grpc.aio.AioRpcError) as waited:
+            await server_live(live, timeout=1)
+        assert waited.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED  # it waited for a stream, in the client
+        stream.cancel()
+        await server_live(live, timeout=5)  # the stream is free again
+        # No call for grpc_max_connection_idle_s: the server sends GOAWAY and the channel goes idle.
+        await wait_for(lambda: channel.get_state() is grpc.ChannelConnectivity.IDLE, 10,
+                       what="the idle connection closed by the server")
+        await server_live(live, timeout=5)  # and a next call simply reconnects
+    # A client that pings every 100 ms (the floor here is 10 s) is sent GOAWAY (too_many_pings).
+    async with grpc.aio.insecure_channel(target, options=[
+            ("grpc.keepalive_time_ms", 100), ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0)]) as channel:
+        stream = _stream_call(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await asyncio.wait_for(stream.read(), 20)
+        assert ended.value.code() is grpc.StatusCode.UNAVAILABLE, ended.value
+        assert "Too many pings" in (ended.value.details() or ""), ended.value
+    assert sidecar.state("credit_risk") is ModelState.HEALTHY

@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from structlog.testing import capture_logs
 
@@ -68,6 +69,17 @@ def test_a_reload_takes_the_reloadable_settings_and_keeps_and_names_the_start_up
     assert merge_reloadable(current, current) == (current, [])
 
 
+def test_a_reloaded_body_limit_is_live_for_http_and_named_as_needing_a_restart_for_grpc():
+    current = load_config(None, environ={})
+    new = load_config(None, environ={"SIDECAR_VALIDATION_MAX_BODY_BYTES": "1024"})
+    merged, needs_restart = merge_reloadable(current, new)
+    assert merged.validation.max_body_bytes == 1024  # the HTTP fronts read it at once
+    assert needs_restart == ["validation.max_body_bytes"]  # the gRPC server keeps the limit it started with
+    no_grpc = load_config(None, environ={"SIDECAR_LISTEN_GRPC_PORT": "0"})
+    new = load_config(None, environ={"SIDECAR_LISTEN_GRPC_PORT": "0", "SIDECAR_VALIDATION_MAX_BODY_BYTES": "1024"})
+    assert merge_reloadable(no_grpc, new)[1] == []
+
+
 async def test_a_golden_file_changed_on_disk_is_picked_up_and_its_failing_case_quarantines_the_model(
         triton, fresh_model, start, tmp_path):
     model = fresh_model.name
@@ -91,6 +103,49 @@ async def test_a_golden_file_changed_on_disk_is_picked_up_and_its_failing_case_q
     async with sidecar.session.post(f"{sidecar.url}/v2/models/{model}/infer", json=NORMAL["request"]) as r:
         assert r.status == 503, "a quarantined model's traffic is refused"
     assert took < PICKUP_BOUND_S + FAST_PROBES["interval_s"] * 2 + SLACK_S
+
+
+def _triton_scores(triton, data: list[float]) -> list[float]:  # type: ignore[no-untyped-def]
+    status, answer = triton_post(triton, "/v2/models/credit_risk/infer", {"inputs": [
+        {"name": "features", "shape": [1, 128], "datatype": "FP32", "data": data}], "outputs": [{"name": "scores"}]})
+    assert status == 200, answer
+    return answer["outputs"][0]["data"]
+
+
+async def test_a_changed_golden_request_is_the_one_probed_next(triton, start, tmp_path):
+    golden = _golden_copy(tmp_path, "credit_risk")
+    sidecar = await start(sidecar_config(triton, models=["credit_risk"], golden_dir=golden,
+                                         healing={"enabled": False}))
+    await wait_for(lambda: sidecar.state("credit_risk") is ModelState.HEALTHY, 20, what="credit_risk HEALTHY")
+    path = golden / "credit_risk" / "normal.json"
+
+    # A new request and the answer Triton gives to it, changed together: every round still passes,
+    # which it could not if the old request (answering 0.4345) were still the one sent.
+    case = json.loads(json.dumps(NORMAL))
+    new_data, other_data = ([round(float(x), 4) for x in np.random.default_rng(seed).normal(0, 3, 128)]
+                            for seed in (5, 6))
+    case["request"]["inputs"][0]["data"] = new_data
+    case["expect"]["outputs"]["scores"]["data"] = _triton_scores(triton, new_data)
+    assert abs(case["expect"]["outputs"]["scores"]["data"][0] - NORMAL["expect"]["outputs"]["scores"]["data"][0]) > 0.01
+    seen = len(sidecar.transitions)
+    _write_json(path, case)
+    await wait_for(lambda: any(c.name == "normal" and c.request["inputs"][0]["data"] == new_data
+                               for c in sidecar.app[LIVE].golden.cases_for("credit_risk")),
+                   PICKUP_BOUND_S, what="the changed case loaded")
+    rounds = _record(sidecar).rounds
+    threshold = FAST_PROBES["failure_threshold"]
+    await wait_for(lambda: _record(sidecar).rounds >= rounds + threshold + 1, 20, what="rounds with the new case")
+    assert sidecar.state("credit_risk") is ModelState.HEALTHY
+    assert sidecar.transitions[seen:] == [], "not even DEGRADED for a round"
+
+    # Only the request changed: its answer no longer matches the expectation, the model is quarantined.
+    assert abs(_triton_scores(triton, other_data)[0] - case["expect"]["outputs"]["scores"]["data"][0]) > 0.01
+    case["request"]["inputs"][0]["data"] = other_data
+    _write_json(path, case)
+    await wait_for(lambda: sidecar.state("credit_risk").quarantined,
+                   PICKUP_BOUND_S + FAST_PROBES["interval_s"] * (threshold + 1), what="credit_risk quarantined")
+    _, status = await sidecar.get("/status")
+    assert "golden case normal: scores[0] expected" in status["models"]["credit_risk"]["reason"]
 
 
 async def test_a_broken_golden_file_is_refused_and_the_model_keeps_probing_with_its_last_good_cases(
