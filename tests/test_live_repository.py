@@ -3,6 +3,7 @@ Triton loads them and released when their owner retires them. All against a real
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import yaml
 from structlog.testing import capture_logs
 
@@ -419,3 +421,62 @@ async def test_a_model_removed_from_the_configured_models_stops_being_guarded(tr
     assert sidecar.app[STATES].get("credit_risk").failure_threshold == 5
     _, index = triton_post(triton, "/v2/repository/index")
     assert {e["name"]: e.get("state") for e in index}["image_classifier"] == "READY", "released, not unloaded"
+
+
+async def test_a_released_model_ends_its_held_requests_with_404_and_its_open_streams(
+        triton, fresh_model, start, tmp_path):
+    import grpc.aio
+    from tritonclient.grpc import service_pb2 as pb
+
+    from sidecar.devtools.tritonserver import free_port
+    from sidecar.fronts.appkeys import SERVING
+    from sidecar.fronts.grpc_server import SERVICE
+
+    model = fresh_model.name
+    golden = _golden_copy(tmp_path, "credit_risk")
+    shutil.copytree(fresh_model.golden_dir / model, golden / model)
+    path = tmp_path / "sidecar.yaml"
+    settings = sidecar_settings(triton, models=["credit_risk", model], golden_dir=golden, probes=dict(FAST_PROBES),
+                                healing={"enabled": False}, proxy={"hold_during_heal_s": 60})
+    settings["listen"]["grpc_port"] = free_port()
+    path.write_text(yaml.safe_dump(settings))
+    sidecar = await start(load_config(path, environ={}), config_path=path)
+    await wait_for(lambda: model in sidecar.app[STATES] and sidecar.state(model) is ModelState.HEALTHY, 20,
+                   what=f"{model} HEALTHY")
+    retire = {**settings, "models": ["credit_risk"]}
+
+    # An open stream to the model, answered once: released, the stream ends with the model's 404.
+    tensor = pb.ModelInferRequest.InferInputTensor(name="features", datatype="FP32", shape=[1, 128])
+    request = pb.ModelInferRequest(model_name=model, inputs=[tensor], raw_input_contents=[b"\0" * 512])
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{settings['listen']['grpc_port']}") as channel:
+        stream = channel.stream_stream(f"/{SERVICE}/ModelStreamInfer",
+                                       request_serializer=pb.ModelInferRequest.SerializeToString,
+                                       response_deserializer=pb.ModelStreamInferResponse.FromString)()
+        await stream.write(request)
+        first = await asyncio.wait_for(stream.read(), 10)
+        assert not first.error_message, first
+        path.write_text(yaml.safe_dump(retire))
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await asyncio.wait_for(stream.read(), PICKUP_BOUND_S + SLACK_S)
+    assert ended.value.code() is grpc.StatusCode.NOT_FOUND
+    assert "no longer guarded" in (ended.value.details() or "")
+
+    # Guarded again, then quarantined: a request is held for the heal that never comes (healing is
+    # off); released, it ends at once with 404 instead of waiting out its 60 s hold.
+    path.write_text(yaml.safe_dump(settings))
+    await wait_for(lambda: model in sidecar.app[STATES] and sidecar.state(model) is ModelState.HEALTHY, 20,
+                   what=f"{model} guarded and HEALTHY again")
+    fresh_model.inject("nan")
+    await wait_for(lambda: sidecar.state(model).quarantined, 20, what=f"{model} quarantined")
+    held = asyncio.create_task(sidecar.session.post(f"{sidecar.url}/v2/models/{model}/infer",
+                                                    json=NORMAL["request"]))
+    admission = sidecar.app[SERVING].admission
+    await wait_for(lambda: admission.holding[model] == 1, 10, what="the request held")
+    released_at = time.monotonic()
+    path.write_text(yaml.safe_dump(retire))
+    async with await asyncio.wait_for(held, PICKUP_BOUND_S + SLACK_S) as response:
+        assert response.status == 404
+        doc = await response.json()
+    assert doc["reason"] == "unknown_model" and "no longer guarded" in doc["error"], doc
+    assert time.monotonic() - released_at < PICKUP_BOUND_S + SLACK_S
+    assert model not in admission.holding
