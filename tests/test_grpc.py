@@ -492,3 +492,30 @@ async def test_http2_bounds_streams_per_connection_idle_connections_and_ping_flo
         assert ended.value.code() is grpc.StatusCode.UNAVAILABLE, ended.value
         assert "Too many pings" in (ended.value.details() or ""), ended.value
     assert sidecar.state("credit_risk") is ModelState.HEALTHY
+
+
+async def test_a_model_that_goes_silent_mid_stream_ends_the_grpc_stream_at_the_idle_bound(
+    triton, decoupled, decoupled_golden, start
+):
+    # The model sends a response every 50 ms; a 20 ms bound on the silence after the first one is
+    # passed by every gap, so the stream ends after one response instead of waiting for the rest.
+    config = grpc_config(triton, models=[DECOUPLED], golden_dir=decoupled_golden,
+                         generation={"idle_timeout_s": 0.02})
+    sidecar = await started_and_healthy(start, config)
+    tensor = pb.ModelInferRequest.InferInputTensor(name="COUNT", datatype="INT32", shape=[1],
+                                                   contents=pb.InferTensorContents(int_contents=[40]))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{config.listen.grpc_port}") as channel:
+        stream = _stream_call(channel)
+        await stream.write(pb.ModelInferRequest(model_name=DECOUPLED, inputs=[tensor]))
+        responses = []
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            while True:
+                response = await asyncio.wait_for(stream.read(), 10)
+                assert response is not grpc.aio.EOF, "the stream ran to its end"
+                responses.append(response)
+    assert ended.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED, ended.value
+    assert "generation.idle_timeout_s" in (ended.value.details() or "")
+    assert 1 <= len(responses) < 40
+    await wait_for(lambda: sidecar.metric("triton_sidecar_stream_endings_total", model=DECOUPLED,
+                                          outcome="stream_idle") == 1, 5, what="the ending counted")
+    assert sidecar.metric("triton_sidecar_streams_in_flight", model=DECOUPLED) == 0
