@@ -69,9 +69,9 @@ class ListenSection:
     max_header_bytes: int = 32768
     #: Most header fields in one request, refused with 431; aiohttp's max_headers.
     max_headers: int = 128
-    #: Open client connections on listen.port at once; one more is accepted and closed at once
-    #: (counted): bounds the descriptors and memory clients can hold. Keep it under the pod's
-    #: descriptor limit minus what the upstream pools and Triton's gRPC channel use.
+    #: Open client connections on listen.port at once (and, counted apart, on listen.grpc_port); one
+    #: more is accepted and closed at once (counted): bounds the descriptors and memory clients can
+    #: hold. Keep twice it under the pod's descriptor limit minus what the upstream pools use.
     max_connections: int = 4096
     #: After an early refusal (413, 408, 400, 431) the answer is written, the write side half-closed
     #: and the rest of the request read and thrown away, so the kernel does not reset the

@@ -519,3 +519,32 @@ async def test_a_model_that_goes_silent_mid_stream_ends_the_grpc_stream_at_the_i
     await wait_for(lambda: sidecar.metric("triton_sidecar_stream_endings_total", model=DECOUPLED,
                                           outcome="stream_idle") == 1, 5, what="the ending counted")
     assert sidecar.metric("triton_sidecar_streams_in_flight", model=DECOUPLED) == 0
+
+
+async def test_grpc_connections_beyond_max_connections_are_refused(triton, start):
+    config = grpc_config(triton, listen={"max_connections": 2})
+    await started_and_healthy(start, config)
+    target = f"127.0.0.1:{config.listen.grpc_port}"
+    live = pb.ServerLiveRequest().SerializeToString()
+    # Each channel gets a connection of its own (a local subchannel pool, not the process-wide one).
+    channels = [grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(3)]
+    try:
+        for channel in channels[:2]:
+            await channel.unary_unary(f"/{SERVICE}/ServerLive")(live, timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await channels[2].unary_unary(f"/{SERVICE}/ServerLive")(live, timeout=5)
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, refused.value
+        await channels[0].close()
+        await wait_for(lambda: _served(channels[2], live), 10, what="a connection free again")
+    finally:
+        for channel in channels:
+            await channel.close()
+
+
+async def _served(channel: grpc.aio.Channel, live: bytes) -> bool:
+    try:
+        await channel.unary_unary(f"/{SERVICE}/ServerLive")(live, timeout=2)
+    except grpc.aio.AioRpcError:
+        return False
+    return True

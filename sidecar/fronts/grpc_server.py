@@ -95,6 +95,9 @@ def server_options(config: SidecarConfig) -> list[tuple[str, int]]:
         ("grpc.max_send_message_length", -1),
         ("grpc.so_reuseport", 0),
         ("grpc.max_concurrent_streams", listen.grpc_max_concurrent_streams),
+        # The HTTP port's bound on client connections, counted separately for this port: past it
+        # gRPC core closes a new connection at once.
+        ("grpc.max_allowed_incoming_connections", listen.max_connections),
         # Keepalive enforcement: pings closer than this (with or without calls) are strikes; after
         # two, GOAWAY. A client's keepalive pings while it has no call count too (permit is off).
         ("grpc.http2.min_recv_ping_interval_without_data_ms", int(listen.grpc_min_ping_interval_s * ms)),

@@ -476,6 +476,11 @@ class _Connection(asyncio.Protocol):
         where the body ends), else only counted (the bytes cannot be framed any more)."""
         if self._refused is not None:
             return
+        if not request.method:  # refused before its headers ended: the request line was read
+            try:
+                request.method = self._parser.get_method()
+            except httptools.HttpParserError:
+                pass
         request.refused = True
         request.body = []
         self._refused = request
@@ -491,7 +496,7 @@ class _Connection(asyncio.Protocol):
     def _answer_refusal(self, request: _Request, refusal: Refusal) -> None:
         """Write the refusal, half-close, and linger until the client is done (bounded)."""
         core = self._core
-        scope = core.requests.refuse_at_once(HTTP, refusal, method=request.method.decode("latin-1") or "POST",
+        scope = core.requests.refuse_at_once(HTTP, refusal, method=request.method.decode("latin-1"),
                                              path=request.url.decode("latin-1"),
                                              label=core.admission.label(unquote(request.model)),
                                              request_id=request.headers.get("x-request-id"),
