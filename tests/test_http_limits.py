@@ -207,6 +207,15 @@ async def test_slow_headers_get_408_an_idle_connection_is_closed_and_keep_alive_
     writer.close()
     assert sidecar.metric("triton_sidecar_http_connection_timeouts_total", phase="header") == 2
     assert sidecar.metric("triton_sidecar_http_connection_timeouts_total", phase="keepalive") == 1
+    # Handed to aiohttp (a probe on a kept-alive connection): aiohttp keeps the same idle bound.
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+    [(status, _, _)] = await _answers(reader, 1)
+    served = time.monotonic()
+    assert status == 200 and sidecar.server.handovers >= 1
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    assert time.monotonic() - served >= 0.7
+    writer.close()
 
 
 async def test_connections_beyond_max_connections_are_closed_at_once_and_counted(triton, start):

@@ -678,8 +678,19 @@ def _inflate(body: bytes, encoding: str, limit: int, model: str) -> bytes:
 def app_runner(app: web.Application) -> web.AppRunner:
     """How the sidecar is served. handler_cancellation: aiohttp cancels the handler of a client that
     disconnects, so its upstream call to Triton is cancelled and its breaker slot freed at once.
-    Signals are the CLI's (drain first); the proxy writes its own sampled access log."""
-    return web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True)
+    Signals are the CLI's (drain first); the proxy writes its own sampled access log. A connection
+    handed to aiohttp keeps the listener's bounds where aiohttp has one (its own keep-alive default
+    is an hour): idle time, header count and size, lingering."""
+    limits = app[CONFIG].listen
+    return web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True,
+                         keepalive_timeout=limits.keepalive_timeout_s, max_headers=limits.max_headers,
+                         max_line_size=limits.max_url_bytes + _REQUEST_LINE_SLACK,
+                         max_field_size=min(limits.max_header_bytes, 65536),
+                         lingering_time=limits.lingering_time_s)
+
+
+#: The method, spaces and HTTP version around the URL on a request line (aiohttp bounds the line).
+_REQUEST_LINE_SLACK = 32
 
 
 class SidecarListener:
