@@ -300,3 +300,26 @@ async def test_a_thousand_slow_header_clients_do_not_starve_a_normal_one(triton,
     assert sidecar.metric("triton_sidecar_http_connection_timeouts_total", phase="header") >= SLOW_CLIENTS
     await wait_for(lambda: sidecar.server.open_connections == 0, 10, what="every slow connection closed")
     await wait_for(lambda: _open_fds() <= baseline, 10, what="descriptors back to their baseline")
+
+
+async def test_a_chunked_body_over_the_limit_and_an_expect_continue_one_get_their_413(triton, start):
+    sidecar = await started_and_healthy(start, proxy_config(triton, validation={"max_body_bytes": LIMIT}))
+    port = sidecar.server.port
+    # Chunked, no length declared: refused once the limit is passed, drained to its last chunk.
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            % CREDIT.encode())
+    chunk = b"%x\r\n%s\r\n" % (MB, b"\0" * MB)
+    writer.write(head + chunk * 6 + b"0\r\n\r\n")
+    [(status, _, body)] = await _answers(reader, 1)
+    assert status == 413 and json.loads(body)["reason"] == "body_too_large"
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+    await wait_for(lambda: sidecar.metric("triton_sidecar_http_lingering_ends_total", how="drained") == 1, 5,
+                   what="closed where the chunked body ended")
+    # Expect: 100-continue with a length over the limit: the 413 instead of "100 Continue", as curl expects.
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_head(16 * MB, b"Expect: 100-continue\r\n"))
+    status_line = await asyncio.wait_for(reader.readline(), 5)
+    assert status_line.split()[1] == b"413"
+    writer.close()
