@@ -55,6 +55,46 @@ class ListenSection:
     #: > 0: a plaintext port serving only /healthz, /readyz and /metrics. With TLS (and above all
     #: mutual TLS) on, the kubelet and Prometheus cannot present a client certificate; 0 = none.
     probe_port: int = 0
+    #: Bound (s) on receiving one request's line and headers, from its first byte (or from the
+    #: connection's start): a kubelet or a client sends them in one packet; 10 s is generous for a slow
+    #: link and closes a slowloris client that trickles them to hold a descriptor.
+    header_timeout_s: float = 10.0
+    #: An idle keep-alive connection is closed after this (s): nginx's and aiohttp's 75 s, longer than
+    #: the 60 s idle timeout of the common load balancers, so they close first and never race a close.
+    keepalive_timeout_s: float = 75.0
+    #: Longest request target (bytes), refused with 414; aiohttp's max_line_size.
+    max_url_bytes: int = 8190
+    #: Largest sum of header names and values (bytes) of one request, refused with 431; nginx's
+    #: 4 x 8 KiB large_client_header_buffers.
+    max_header_bytes: int = 32768
+    #: Most header fields in one request, refused with 431; aiohttp's max_headers.
+    max_headers: int = 128
+    #: Open client connections on listen.port at once (and, counted apart, on listen.grpc_port); one
+    #: more is accepted and closed at once (counted): bounds the descriptors and memory clients can
+    #: hold. Keep twice it under the pod's descriptor limit minus what the upstream pools use.
+    max_connections: int = 4096
+    #: After an early refusal (413, 408, 400, 431) the answer is written, the write side half-closed
+    #: and the rest of the request read and thrown away, so the kernel does not reset the
+    #: connection and drop the answer before the client (one that writes its whole body before
+    #: reading) has read it. Lingering ends when the client closes, when the declared body has been
+    #: read, or after these bounds: nginx's lingering_time 30 s and lingering_timeout 5 s...
+    lingering_time_s: float = 30.0
+    lingering_timeout_s: float = 5.0
+    #: ...and a byte cap (twice the default validation.max_body_bytes), past which the connection is
+    #: closed even if the client is still sending.
+    lingering_max_bytes: int = 128 * 1024 * 1024
+    #: gRPC (HTTP/2) limits, read once at start: concurrent streams (calls) one connection may
+    #: have open; more wait in the client (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS, 100 as in the RFC's advice).
+    grpc_max_concurrent_streams: int = 100
+    #: Keepalive enforcement: a client that pings more often than this (s) is sent GOAWAY
+    #: (ENHANCE_YOUR_CALM) after two strikes; gRPC's own default of 5 minutes.
+    grpc_min_ping_interval_s: float = 300.0
+    #: A gRPC connection with no call for this long (s) is sent GOAWAY; clients reconnect on their
+    #: next call. 0 = never.
+    grpc_max_connection_idle_s: float = 300.0
+    #: A gRPC connection older than this (s) is sent GOAWAY, its calls get proxy.upstream_timeout_s to
+    #: finish, so clients behind an L4 balancer spread over new pods. 0 = never.
+    grpc_max_connection_age_s: float = 0.0
 
 
 #: The TLS versions `tls.min_version` may name; 1.0 and 1.1 are deprecated (RFC 8996).
@@ -430,7 +470,13 @@ CONFIG_SCHEMA: dict[str, Any] = {
             repository_token=_STR,
         ),
         "listen": _section(host={"type": "string", "minLength": 1}, port=_int(1, 65535),
-                           grpc_port=_int(0, 65535), fast_infer={"type": "boolean"}, probe_port=_int(0, 65535)),
+                           grpc_port=_int(0, 65535), fast_infer={"type": "boolean"}, probe_port=_int(0, 65535),
+                           header_timeout_s=_POSITIVE, keepalive_timeout_s=_POSITIVE, max_url_bytes=_int(16),
+                           max_header_bytes=_int(64), max_headers=_int(1), max_connections=_int(1),
+                           lingering_time_s=_num(minimum=0), lingering_timeout_s=_num(minimum=0),
+                           lingering_max_bytes=_int(0), grpc_max_concurrent_streams=_int(1),
+                           grpc_min_ping_interval_s=_num(minimum=0), grpc_max_connection_idle_s=_num(minimum=0),
+                           grpc_max_connection_age_s=_num(minimum=0)),
         "tls": _section(
             cert_file=_STR,
             key_file=_STR,

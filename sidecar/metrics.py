@@ -129,6 +129,22 @@ class SidecarMetrics:
                                       "(complete, or the reason of their error event).", ["model", "outcome"],
                                       registry=registry)
 
+        # Client connections on listen.port (sidecar/fronts/http_listener.py)
+        self.http_connections = Gauge(f"{PREFIX}_http_connections", "Client connections open on listen.port "
+                                      "(fast path and handed to aiohttp).", registry=registry)
+        self.http_connections_refused = Counter(f"{PREFIX}_http_connections_refused", "Client connections "
+                                                "accepted and closed at once: listen.max_connections were open.",
+                                                registry=registry)
+        self.http_connection_timeouts = Counter(f"{PREFIX}_http_connection_timeouts", "Client connections "
+                                                "closed by a timeout, by phase (header: listen.header_timeout_s, "
+                                                "keepalive: listen.keepalive_timeout_s).", ["phase"],
+                                                registry=registry)
+        self.http_lingering_ends = Counter(f"{PREFIX}_http_lingering_ends", "Connections closed after an early "
+                                           "refusal, by what ended the lingering (client_closed, drained, time, "
+                                           "idle, bytes).", ["how"], registry=registry)
+        for phase in ("header", "keepalive"):
+            self.http_connection_timeouts.labels(phase=phase)
+
         # TLS (sidecar/fronts/tls.py): series exist only when tls.cert_file is set
         self.tls_cert_expiry = Gauge(f"{PREFIX}_tls_cert_expiry_timestamp_seconds", "notAfter of the certificate "
                                      "served now (Unix time), by tls.cert_file; a renewal that is not picked up "

@@ -171,12 +171,17 @@ class ModelStates:
         self._clock = clock
         self._listeners: list[TransitionListener] = [listener] if listener else []
         self._suspect_listeners: list[SuspectListener] = []
+        self._release_listeners: list[Callable[[str], None]] = []
 
     def add_listener(self, listener: TransitionListener) -> None:
         self._listeners.append(listener)
 
     def add_suspect_listener(self, listener: SuspectListener) -> None:
         self._suspect_listeners.append(listener)
+
+    def add_release_listener(self, listener: Callable[[str], None]) -> None:
+        """Told the model's name once it is no longer tracked (`forget`)."""
+        self._release_listeners.append(listener)
 
     def now(self) -> float:
         """The clock every state time is read from (time.monotonic in production)."""
@@ -199,8 +204,11 @@ class ModelStates:
         return self._models[model]
 
     def forget(self, model: str) -> None:
-        """Stop tracking a model that is no longer guarded (released, not failed)."""
-        self._models.pop(model, None)
+        """Stop tracking a model that is no longer guarded (released, not failed); what waits on the
+        model (held requests, open streams) hears of it, as it would of a transition."""
+        if self._models.pop(model, None) is not None:
+            for listener in self._release_listeners:
+                listener(model)
 
     def reconfigure(self, *, failure_threshold: int, success_threshold: int) -> None:
         """New thresholds from a reloaded config, for every model now and later; counts so far stay."""

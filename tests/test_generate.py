@@ -243,6 +243,29 @@ async def test_a_client_that_leaves_mid_stream_frees_its_stream(
                                           outcome="client_disconnected") == 1, 5, what="the ending counted")
 
 
+async def test_an_open_generate_stream_holds_its_model_s_breaker_slot(
+    triton: LocalTriton, text_model: FreshModel, start: Any
+) -> None:
+    # One slot and no queue: while a stream is open, a second one (and a unary generate) is refused.
+    sidecar = await start(_config(triton, text_model, proxy={"max_in_flight_per_model": 1,
+                                                             "queue_size_per_model": 0}))
+    await _healthy(sidecar, text_model.name)
+    base = f"{sidecar.url}/v2/models/{text_model.name}"
+    async with aiohttp.ClientSession() as session:
+        first = await session.post(f"{base}/generate_stream", json={"text_input": " ".join(["w"] * 60),
+                                                                    "max_tokens": 60})
+        await first.content.readuntil(b"\n\n")  # begun: the slot is held from here to its end
+        for endpoint in ("generate_stream", "generate"):
+            async with session.post(f"{base}/{endpoint}", json={"text_input": "a b", "max_tokens": 2}) as second:
+                assert second.status == 503, endpoint
+                assert (await second.json())["reason"] == "overloaded", endpoint
+        first.close()
+    await wait_for(lambda: sidecar.metric("triton_sidecar_streams_in_flight", model=text_model.name) == 0, 5,
+                   what="the stream's slot freed")
+    status, events, _ = await read_stream(f"{base}/generate_stream", {"text_input": "a b", "max_tokens": 2})
+    assert status == 200 and events, "the slot came back"
+
+
 @pytest.mark.parametrize("fault", ["wrong", "stall"])
 async def test_wrong_text_or_a_stall_is_caught_by_the_golden_case_quarantined_and_healed(
     triton: LocalTriton, text_model: FreshModel, start: Any, fault: str

@@ -461,3 +461,90 @@ async def test_an_open_stream_holds_a_breaker_slot_and_counts_in_the_in_flight_g
     # The slot came back: a new stream is served to its end.
     answers = await _stream(f"127.0.0.1:{config.listen.grpc_port}", 2)
     assert [r.as_numpy("VALUE")[0] for _, r, _ in answers] == [0.0, 0.5]
+
+
+async def test_http2_bounds_streams_per_connection_idle_connections_and_ping_floods(triton, start):
+    config = grpc_config(triton, listen={"grpc_max_concurrent_streams": 1, "grpc_max_connection_idle_s": 0.5,
+                                         "grpc_min_ping_interval_s": 10})
+    sidecar = await started_and_healthy(start, config)
+    target = f"127.0.0.1:{config.listen.grpc_port}"
+    live = pb.ServerLiveRequest().SerializeToString()
+    async with grpc.aio.insecure_channel(target) as channel:
+        server_live = channel.unary_unary(f"/{SERVICE}/ServerLive")
+        await server_live(live, timeout=5)  # connected: the client knows the server's SETTINGS now
+        stream = _stream_call(channel)  # one open call: the connection's only stream
+        with pytest.raises(grpc.aio.AioRpcError) as waited:
+            await server_live(live, timeout=1)
+        assert waited.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED  # it waited for a stream, in the client
+        stream.cancel()
+        await server_live(live, timeout=5)  # the stream is free again
+        # No call for grpc_max_connection_idle_s: the server sends GOAWAY and the channel goes idle.
+        await wait_for(lambda: channel.get_state() is grpc.ChannelConnectivity.IDLE, 10,
+                       what="the idle connection closed by the server")
+        await server_live(live, timeout=5)  # and a next call simply reconnects
+    # A client that pings every 100 ms (the floor here is 10 s) is sent GOAWAY (too_many_pings).
+    async with grpc.aio.insecure_channel(target, options=[
+            ("grpc.keepalive_time_ms", 100), ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0)]) as channel:
+        stream = _stream_call(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await asyncio.wait_for(stream.read(), 20)
+        assert ended.value.code() is grpc.StatusCode.UNAVAILABLE, ended.value
+        assert "Too many pings" in (ended.value.details() or ""), ended.value
+    assert sidecar.state("credit_risk") is ModelState.HEALTHY
+
+
+async def test_a_model_that_goes_silent_mid_stream_ends_the_grpc_stream_at_the_idle_bound(
+    triton, decoupled, decoupled_golden, start
+):
+    # The model sends a response every 50 ms; a 20 ms bound on the silence after the first one is
+    # passed by every gap, so the stream ends after one response instead of waiting for the rest.
+    config = grpc_config(triton, models=[DECOUPLED], golden_dir=decoupled_golden,
+                         generation={"idle_timeout_s": 0.02})
+    sidecar = await started_and_healthy(start, config)
+    tensor = pb.ModelInferRequest.InferInputTensor(name="COUNT", datatype="INT32", shape=[1],
+                                                   contents=pb.InferTensorContents(int_contents=[40]))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{config.listen.grpc_port}") as channel:
+        stream = _stream_call(channel)
+        await stream.write(pb.ModelInferRequest(model_name=DECOUPLED, inputs=[tensor]))
+        responses = []
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            while True:
+                response = await asyncio.wait_for(stream.read(), 10)
+                assert response is not grpc.aio.EOF, "the stream ran to its end"
+                responses.append(response)
+    assert ended.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED, ended.value
+    assert "generation.idle_timeout_s" in (ended.value.details() or "")
+    assert 1 <= len(responses) < 40
+    await wait_for(lambda: sidecar.metric("triton_sidecar_stream_endings_total", model=DECOUPLED,
+                                          outcome="stream_idle") == 1, 5, what="the ending counted")
+    assert sidecar.metric("triton_sidecar_streams_in_flight", model=DECOUPLED) == 0
+
+
+async def test_grpc_connections_beyond_max_connections_are_refused(triton, start):
+    config = grpc_config(triton, listen={"max_connections": 2})
+    await started_and_healthy(start, config)
+    target = f"127.0.0.1:{config.listen.grpc_port}"
+    live = pb.ServerLiveRequest().SerializeToString()
+    # Each channel gets a connection of its own (a local subchannel pool, not the process-wide one).
+    channels = [grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(3)]
+    try:
+        for channel in channels[:2]:
+            await channel.unary_unary(f"/{SERVICE}/ServerLive")(live, timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await channels[2].unary_unary(f"/{SERVICE}/ServerLive")(live, timeout=5)
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, refused.value
+        await channels[0].close()
+        await wait_for(lambda: _served(channels[2], live), 10, what="a connection free again")
+    finally:
+        for channel in channels:
+            await channel.close()
+
+
+async def _served(channel: grpc.aio.Channel, live: bytes) -> bool:
+    try:
+        await channel.unary_unary(f"/{SERVICE}/ServerLive")(live, timeout=2)
+    except grpc.aio.AioRpcError:
+        return False
+    return True

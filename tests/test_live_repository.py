@@ -3,6 +3,7 @@ Triton loads them and released when their owner retires them. All against a real
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -13,6 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytest
 import yaml
 from structlog.testing import capture_logs
 
@@ -68,6 +71,17 @@ def test_a_reload_takes_the_reloadable_settings_and_keeps_and_names_the_start_up
     assert merge_reloadable(current, current) == (current, [])
 
 
+def test_a_reloaded_body_limit_is_live_for_http_and_named_as_needing_a_restart_for_grpc():
+    current = load_config(None, environ={})
+    new = load_config(None, environ={"SIDECAR_VALIDATION_MAX_BODY_BYTES": "1024"})
+    merged, needs_restart = merge_reloadable(current, new)
+    assert merged.validation.max_body_bytes == 1024  # the HTTP fronts read it at once
+    assert needs_restart == ["validation.max_body_bytes"]  # the gRPC server keeps the limit it started with
+    no_grpc = load_config(None, environ={"SIDECAR_LISTEN_GRPC_PORT": "0"})
+    new = load_config(None, environ={"SIDECAR_LISTEN_GRPC_PORT": "0", "SIDECAR_VALIDATION_MAX_BODY_BYTES": "1024"})
+    assert merge_reloadable(no_grpc, new)[1] == []
+
+
 async def test_a_golden_file_changed_on_disk_is_picked_up_and_its_failing_case_quarantines_the_model(
         triton, fresh_model, start, tmp_path):
     model = fresh_model.name
@@ -91,6 +105,49 @@ async def test_a_golden_file_changed_on_disk_is_picked_up_and_its_failing_case_q
     async with sidecar.session.post(f"{sidecar.url}/v2/models/{model}/infer", json=NORMAL["request"]) as r:
         assert r.status == 503, "a quarantined model's traffic is refused"
     assert took < PICKUP_BOUND_S + FAST_PROBES["interval_s"] * 2 + SLACK_S
+
+
+def _triton_scores(triton, data: list[float]) -> list[float]:  # type: ignore[no-untyped-def]
+    status, answer = triton_post(triton, "/v2/models/credit_risk/infer", {"inputs": [
+        {"name": "features", "shape": [1, 128], "datatype": "FP32", "data": data}], "outputs": [{"name": "scores"}]})
+    assert status == 200, answer
+    return answer["outputs"][0]["data"]
+
+
+async def test_a_changed_golden_request_is_the_one_probed_next(triton, start, tmp_path):
+    golden = _golden_copy(tmp_path, "credit_risk")
+    sidecar = await start(sidecar_config(triton, models=["credit_risk"], golden_dir=golden,
+                                         healing={"enabled": False}))
+    await wait_for(lambda: sidecar.state("credit_risk") is ModelState.HEALTHY, 20, what="credit_risk HEALTHY")
+    path = golden / "credit_risk" / "normal.json"
+
+    # A new request and the answer Triton gives to it, changed together: every round still passes,
+    # which it could not if the old request (answering 0.4345) were still the one sent.
+    case = json.loads(json.dumps(NORMAL))
+    new_data, other_data = ([round(float(x), 4) for x in np.random.default_rng(seed).normal(0, 3, 128)]
+                            for seed in (5, 6))
+    case["request"]["inputs"][0]["data"] = new_data
+    case["expect"]["outputs"]["scores"]["data"] = _triton_scores(triton, new_data)
+    assert abs(case["expect"]["outputs"]["scores"]["data"][0] - NORMAL["expect"]["outputs"]["scores"]["data"][0]) > 0.01
+    seen = len(sidecar.transitions)
+    _write_json(path, case)
+    await wait_for(lambda: any(c.name == "normal" and c.request["inputs"][0]["data"] == new_data
+                               for c in sidecar.app[LIVE].golden.cases_for("credit_risk")),
+                   PICKUP_BOUND_S, what="the changed case loaded")
+    rounds = _record(sidecar).rounds
+    threshold = FAST_PROBES["failure_threshold"]
+    await wait_for(lambda: _record(sidecar).rounds >= rounds + threshold + 1, 20, what="rounds with the new case")
+    assert sidecar.state("credit_risk") is ModelState.HEALTHY
+    assert sidecar.transitions[seen:] == [], "not even DEGRADED for a round"
+
+    # Only the request changed: its answer no longer matches the expectation, the model is quarantined.
+    assert abs(_triton_scores(triton, other_data)[0] - case["expect"]["outputs"]["scores"]["data"][0]) > 0.01
+    case["request"]["inputs"][0]["data"] = other_data
+    _write_json(path, case)
+    await wait_for(lambda: sidecar.state("credit_risk").quarantined,
+                   PICKUP_BOUND_S + FAST_PROBES["interval_s"] * (threshold + 1), what="credit_risk quarantined")
+    _, status = await sidecar.get("/status")
+    assert "golden case normal: scores[0] expected" in status["models"]["credit_risk"]["reason"]
 
 
 async def test_a_broken_golden_file_is_refused_and_the_model_keeps_probing_with_its_last_good_cases(
@@ -364,3 +421,62 @@ async def test_a_model_removed_from_the_configured_models_stops_being_guarded(tr
     assert sidecar.app[STATES].get("credit_risk").failure_threshold == 5
     _, index = triton_post(triton, "/v2/repository/index")
     assert {e["name"]: e.get("state") for e in index}["image_classifier"] == "READY", "released, not unloaded"
+
+
+async def test_a_released_model_ends_its_held_requests_with_404_and_its_open_streams(
+        triton, fresh_model, start, tmp_path):
+    import grpc.aio
+    from tritonclient.grpc import service_pb2 as pb
+
+    from sidecar.devtools.tritonserver import free_port
+    from sidecar.fronts.appkeys import SERVING
+    from sidecar.fronts.grpc_server import SERVICE
+
+    model = fresh_model.name
+    golden = _golden_copy(tmp_path, "credit_risk")
+    shutil.copytree(fresh_model.golden_dir / model, golden / model)
+    path = tmp_path / "sidecar.yaml"
+    settings = sidecar_settings(triton, models=["credit_risk", model], golden_dir=golden, probes=dict(FAST_PROBES),
+                                healing={"enabled": False}, proxy={"hold_during_heal_s": 60})
+    settings["listen"]["grpc_port"] = free_port()
+    path.write_text(yaml.safe_dump(settings))
+    sidecar = await start(load_config(path, environ={}), config_path=path)
+    await wait_for(lambda: model in sidecar.app[STATES] and sidecar.state(model) is ModelState.HEALTHY, 20,
+                   what=f"{model} HEALTHY")
+    retire = {**settings, "models": ["credit_risk"]}
+
+    # An open stream to the model, answered once: released, the stream ends with the model's 404.
+    tensor = pb.ModelInferRequest.InferInputTensor(name="features", datatype="FP32", shape=[1, 128])
+    request = pb.ModelInferRequest(model_name=model, inputs=[tensor], raw_input_contents=[b"\0" * 512])
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{settings['listen']['grpc_port']}") as channel:
+        stream = channel.stream_stream(f"/{SERVICE}/ModelStreamInfer",
+                                       request_serializer=pb.ModelInferRequest.SerializeToString,
+                                       response_deserializer=pb.ModelStreamInferResponse.FromString)()
+        await stream.write(request)
+        first = await asyncio.wait_for(stream.read(), 10)
+        assert not first.error_message, first
+        path.write_text(yaml.safe_dump(retire))
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await asyncio.wait_for(stream.read(), PICKUP_BOUND_S + SLACK_S)
+    assert ended.value.code() is grpc.StatusCode.NOT_FOUND
+    assert "no longer guarded" in (ended.value.details() or "")
+
+    # Guarded again, then quarantined: a request is held for the heal that never comes (healing is
+    # off); released, it ends at once with 404 instead of waiting out its 60 s hold.
+    path.write_text(yaml.safe_dump(settings))
+    await wait_for(lambda: model in sidecar.app[STATES] and sidecar.state(model) is ModelState.HEALTHY, 20,
+                   what=f"{model} guarded and HEALTHY again")
+    fresh_model.inject("nan")
+    await wait_for(lambda: sidecar.state(model).quarantined, 20, what=f"{model} quarantined")
+    held = asyncio.create_task(sidecar.session.post(f"{sidecar.url}/v2/models/{model}/infer",
+                                                    json=NORMAL["request"]))
+    admission = sidecar.app[SERVING].admission
+    await wait_for(lambda: admission.holding[model] == 1, 10, what="the request held")
+    released_at = time.monotonic()
+    path.write_text(yaml.safe_dump(retire))
+    async with await asyncio.wait_for(held, PICKUP_BOUND_S + SLACK_S) as response:
+        assert response.status == 404
+        doc = await response.json()
+    assert doc["reason"] == "unknown_model" and "no longer guarded" in doc["error"], doc
+    assert time.monotonic() - released_at < PICKUP_BOUND_S + SLACK_S
+    assert model not in admission.holding

@@ -70,6 +70,14 @@ TLS_METRICS = frozenset({
     "triton_sidecar_tls_handshake_failures_total",
     "triton_sidecar_reload_failures_total",
 })
+#: The HTTP listener's connection bounds (sidecar/fronts/http_listener.py): read by hand when a
+#: client cannot connect; no dashboard panel draws them yet.
+CONNECTION_METRICS = frozenset({
+    "triton_sidecar_http_connections",
+    "triton_sidecar_http_connections_refused_total",
+    "triton_sidecar_http_connection_timeouts_total",
+    "triton_sidecar_http_lingering_ends_total",
+})
 #: Triton's own, passed through on the same scrape when metrics.include_triton is on.
 TRITON_METRICS = frozenset({
     "nv_inference_request_success",
@@ -90,6 +98,7 @@ METRICS_WITHOUT_MODEL = frozenset({
 CATALOG = frozenset(
     SIDECAR_METRICS
     | TLS_METRICS
+    | CONNECTION_METRICS
     | TRITON_METRICS
     | PROCESS_METRICS
     | {f"{h}{suffix}" for h in SIDECAR_HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}

@@ -7,6 +7,7 @@ every client that is not allowed, and the plaintext probe port keeps the kubelet
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import signal
@@ -505,3 +506,27 @@ def test_handshake_failures_are_labelled_with_a_bounded_reason():
     for error, reason in cases.items():
         assert handshake_reason(error) == reason, error
         assert reason in HANDSHAKE_REASONS
+
+
+def _https_post_16mb(port: int, ca_file: Path) -> tuple[int, dict]:
+    """http.client over TLS writes the whole 16 MB body before it reads a byte of the answer."""
+    connection = http.client.HTTPSConnection("localhost", port, timeout=60,
+                                             context=ssl.create_default_context(cafile=str(ca_file)))
+    try:
+        connection.request("POST", "/v2/models/credit_risk/infer", body=b"\0" * (16 * 2**20),
+                           headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+async def test_a_413_over_tls_is_read_by_a_client_that_writes_its_whole_body_first(triton, start, ca, tmp_path):
+    # A TLS transport cannot half-close: the sidecar lingers reading the body all the same.
+    volume = SecretVolume(tmp_path / "secret")
+    volume.install(server_cert(ca), ca)
+    sidecar = await started_and_healthy(start, tls_config(triton, volume, grpc_port=False,
+                                                          validation={"max_body_bytes": 4 * 2**20}))
+    status, doc = await asyncio.to_thread(_https_post_16mb, sidecar.server.port, volume.ca_file)
+    assert status == 413 and doc["reason"] == "body_too_large", doc
+    await wait_for(lambda: sidecar.server.open_connections == 0, 10, what="the connection closed")

@@ -28,6 +28,7 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
+from sidecar.config import SidecarConfig
 from sidecar.fronts.appkeys import CONFIG, READINESS, SERVING, STATES, TLS, WATCH
 from sidecar.fronts.http_routes import cohort_of, exposed_extensions
 from sidecar.fronts.tls import grpc_client_subject
@@ -82,6 +83,35 @@ _CLIENT_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT
 
 
 Handler = Callable[[bytes, grpc.aio.ServicerContext, RequestContext], Awaitable[bytes]]
+
+
+def server_options(config: SidecarConfig) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments: the message limit and the HTTP/2 connection bounds
+    (listen.grpc_*). gRPC core reads them once, when the server is built: a reload that changes them
+    is logged as config_needs_restart (sidecar.health.reload)."""
+    listen, ms = config.listen, 1000
+    options = [
+        ("grpc.max_receive_message_length", config.validation.max_body_bytes),
+        ("grpc.max_send_message_length", -1),
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_concurrent_streams", listen.grpc_max_concurrent_streams),
+        # The HTTP port's bound on client connections, counted separately for this port: past it
+        # gRPC core closes a new connection at once.
+        ("grpc.max_allowed_incoming_connections", listen.max_connections),
+        # Keepalive enforcement: pings closer than this (with or without calls) are strikes; after
+        # two, GOAWAY. A client's keepalive pings while it has no call count too (permit is off).
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", int(listen.grpc_min_ping_interval_s * ms)),
+        ("grpc.http2.min_ping_interval_without_data_ms", int(listen.grpc_min_ping_interval_s * ms)),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.keepalive_permit_without_calls", 0),
+    ]
+    if listen.grpc_max_connection_idle_s:
+        options.append(("grpc.max_connection_idle_ms", int(listen.grpc_max_connection_idle_s * ms)))
+    if listen.grpc_max_connection_age_s:
+        options.append(("grpc.max_connection_age_ms", int(listen.grpc_max_connection_age_s * ms)))
+        # Calls open at GOAWAY may run as long as one proxied request may.
+        options.append(("grpc.max_connection_age_grace_ms", int(config.proxy.upstream_timeout_s * ms)))
+    return options
 
 
 def _parameters(params: Any) -> dict[str, Any]:
@@ -264,11 +294,8 @@ class GrpcFront:
         self._unary = {name: self.channel.unary_unary(f"/{SERVICE}/{name}") for name in
                        ("ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics")}
         self.tls = app.get(TLS)
-        self.server = grpc.aio.server(interceptors=self.tls.grpc_interceptors() if self.tls else None, options=[
-            ("grpc.max_receive_message_length", config.validation.max_body_bytes),
-            ("grpc.max_send_message_length", -1),
-            ("grpc.so_reuseport", 0),
-        ])
+        self.server = grpc.aio.server(interceptors=self.tls.grpc_interceptors() if self.tls else None,
+                                      options=server_options(config))
         handlers: dict[str, grpc.RpcMethodHandler] = {
             "ServerLive": self._unary_handler("ServerLive", self._server_live),
             "ServerReady": self._unary_handler("ServerReady", self._server_ready),

@@ -150,6 +150,10 @@ def merge_reloadable(current: SidecarConfig, new: SidecarConfig) -> tuple[Sideca
             needs_restart.extend(_changed_keys(f.name, old, fresh))
         else:
             taken[f.name] = fresh
+    if current.listen.grpc_port and current.validation.max_body_bytes != new.validation.max_body_bytes:
+        # HTTP reads the new limit at once; the gRPC server's message limit is a channel argument
+        # gRPC core took when the server was built (sidecar.fronts.grpc_server.server_options).
+        needs_restart.append("validation.max_body_bytes")
     return dataclasses.replace(current, **taken), needs_restart
 
 

@@ -102,7 +102,7 @@ class TritonClient:
         #: that no call can outlive the longest one the settings allow (a load).
         self._max_call_s = max_call_s
         self._repository_headers = {"Content-Type": "application/json", **(repository_headers or {})}
-        self._bodies: dict[tuple[str, str, str], tuple[bytes, dict[str, str]]] = {}
+        self._bodies: dict[tuple[str, str, str], tuple[GoldenCase, bytes, dict[str, str]]] = {}
         self._http: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
@@ -258,8 +258,10 @@ class TritonClient:
         and encoding thousands of floats as JSON is most of a probe's CPU."""
         key = (case.model, case.name, str(case.path))
         cached = self._bodies.get(key)
-        if cached is not None:
-            return cached
+        # Kept only for this very case object: a reload builds new GoldenCase objects, so a changed
+        # request is encoded afresh and probed next (issue 19), an unchanged one once more.
+        if cached is not None and cached[0] is case:
+            return cached[1], cached[2]
         inputs = []
         for name, datatype, array in request_as_arrays(case):
             tensor = triton_http.InferInput(name, list(array.shape), datatype)
@@ -275,8 +277,9 @@ class TritonClient:
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         if json_size is not None:
             headers["Inference-Header-Content-Length"] = str(json_size)
-        self._bodies[key] = (body if isinstance(body, bytes) else body.encode(), headers)
-        return self._bodies[key]
+        encoded = body if isinstance(body, bytes) else body.encode()
+        self._bodies[key] = (case, encoded, headers)
+        return encoded, headers
 
     def _session(self) -> aiohttp.ClientSession:
         """The one session, made on first use (inside the event loop that uses it)."""

@@ -11,6 +11,7 @@ quarantined, instead of getting the answer the failed round just judged wrong.
 from __future__ import annotations
 
 import asyncio
+import collections
 from dataclasses import dataclass, field
 
 import structlog
@@ -55,8 +56,11 @@ class Admission:
         self._verdicts: dict[str, asyncio.Event] = {}
         #: Requests at Triton per model, so a quarantine can end them (see `sent`).
         self._at_triton: dict[str, set[AtTriton]] = {}
+        #: Requests held now (hold_during_heal_s), per model.
+        self.holding: collections.Counter[str] = collections.Counter()
         states.add_listener(self._on_transition)
         states.add_suspect_listener(self._on_suspect)
+        states.add_release_listener(self._on_release)
 
     def _on_transition(self, t: Transition) -> None:
         serves = t.state_to.serves_traffic
@@ -101,6 +105,14 @@ class Admission:
             log.warning("requests_ended_at_quarantine", model=model, requests=ended,
                         cause="the model was quarantined while these requests waited at Triton; they were "
                               "answered 503 with Retry-After and their connections to Triton closed")
+
+    def _on_release(self, model: str) -> None:
+        """The model is no longer guarded: held requests wake (and are refused 404), open streams
+        end, requests waiting for a verdict get one."""
+        for events in (self._gates, self._alarms, self._verdicts):
+            event = events.pop(model, None)
+            if event is not None:
+                event.set()
 
     def _on_suspect(self, model: str, suspect: bool) -> None:
         verdict = self._verdicts.get(model)
@@ -148,15 +160,22 @@ class Admission:
         hold_s = self._settings.hold_during_heal_s
         if hold_s > 0 and health.state is not ModelState.FAILED:
             gate = self._gate(model)
+            self.holding[model] += 1
             try:
                 async with asyncio.timeout(hold_s):
-                    while not self.serves(model):
+                    while not self.serves(model) and model in self._states:
                         await gate.wait()
             except TimeoutError:
                 self._metrics.quarantined.labels(model=model, outcome="held_timeout").inc()
             else:
+                if model not in self._states:
+                    raise self.quarantine_refusal(model)  # released while held: 404, no series revived
                 self._metrics.quarantined.labels(model=model, outcome="held_released").inc()
                 return
+            finally:
+                self.holding[model] -= 1
+                if not self.holding[model]:
+                    del self.holding[model]
         else:
             self._metrics.quarantined.labels(model=model, outcome="rejected").inc()
         raise self.quarantine_refusal(model)
@@ -182,8 +201,12 @@ class Admission:
         return outcome != "suspect_refused"
 
     def quarantine_refusal(self, model: str) -> Refusal:
+        """Why the model's answers are not trusted now; for a model released meanwhile (no longer
+        guarded: removed from `models`, or retired by its owner), the 404 any new request gets."""
         health = self._states.get(model)
-        assert health is not None
+        if health is None:
+            return Refusal(Reason.UNKNOWN_MODEL, f"model {model} is no longer guarded by the sidecar (released)",
+                           model=model)
         reason = Reason.QUARANTINED if health.state.quarantined else Reason.NOT_VERIFIED
         which = f"version {', '.join(sorted(health.broken_versions))} of " if health.broken_versions else ""
         return Refusal(reason, f"{which}model {model} is {health.state.value} ({cut(health.cause, 200)}); "

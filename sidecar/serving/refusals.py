@@ -52,6 +52,9 @@ class Reason(str, enum.Enum):
     BODY_TOO_LARGE = ("body_too_large", 413, "RESOURCE_EXHAUSTED")
     TOO_MANY_ELEMENTS = ("too_many_elements", 413, "RESOURCE_EXHAUSTED")
     BODY_TIMEOUT = ("body_timeout", 408, "DEADLINE_EXCEEDED")  # the client sent its body too slowly
+    HEADER_TIMEOUT = ("header_timeout", 408, "DEADLINE_EXCEEDED")  # the request's headers came too slowly
+    URL_TOO_LONG = ("url_too_long", 414, "INVALID_ARGUMENT")  # a request target over listen.max_url_bytes
+    HEADERS_TOO_LARGE = ("headers_too_large", 431, "INVALID_ARGUMENT")  # listen.max_header_bytes or max_headers
     # What the pod does not let through.
     FILTERED_OUTPUT = ("filtered_output", 403, "PERMISSION_DENIED")  # an output that never leaves the pod
     SHARED_MEMORY = ("shared_memory", 403, "PERMISSION_DENIED")  # shared-memory tensors stay inside the pod
