@@ -70,8 +70,8 @@ TLS_METRICS = frozenset({
     "triton_sidecar_tls_handshake_failures_total",
     "triton_sidecar_reload_failures_total",
 })
-#: The HTTP listener's connection bounds (sidecar/fronts/http_listener.py): read by hand when a
-#: client cannot connect; no dashboard panel draws them yet.
+#: The HTTP listener's connection bounds (sidecar/fronts/http_listener.py): per pod, not per model;
+#: the dashboard's "Client connections" row draws them.
 CONNECTION_METRICS = frozenset({
     "triton_sidecar_http_connections",
     "triton_sidecar_http_connections_refused_total",
@@ -93,6 +93,7 @@ PROCESS_METRICS = frozenset({"process_resident_memory_bytes", "process_cpu_secon
 #: Series without a model label: the dashboard cannot filter them by $model.
 METRICS_WITHOUT_MODEL = frozenset({
     "triton_sidecar_triton_up", "triton_sidecar_triton_ready", "triton_sidecar_build_info", *PROCESS_METRICS,
+    *CONNECTION_METRICS,
 })
 
 CATALOG = frozenset(
@@ -255,7 +256,7 @@ def test_every_series_follows_the_job_namespace_pod_and_model_pickers() -> None:
 def test_the_dashboard_draws_every_metric_the_sidecar_and_triton_export() -> None:
     drawn = {name for _, expr in dashboard_queries() for name in OUR_METRIC_NAME.findall(expr)}
     drawn |= {re.sub(r"_(bucket|sum|count)$", "", name) for name in drawn}
-    missing = (SIDECAR_METRICS | SIDECAR_HISTOGRAMS | TRITON_METRICS) - drawn
+    missing = (SIDECAR_METRICS | SIDECAR_HISTOGRAMS | TRITON_METRICS | CONNECTION_METRICS) - drawn
     assert not missing, f"no panel shows {sorted(missing)}"
 
 
