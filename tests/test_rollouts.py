@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc.aio
 import pytest
+from structlog.testing import capture_logs
 from tritonclient.grpc import service_pb2 as pb
 
 from sidecar.app.factory import apply_config
@@ -28,7 +29,16 @@ from sidecar.fronts.appkeys import SERVING
 from sidecar.fronts.grpc_server import SERVICE
 from sidecar.serving.rollouts import RolloutState
 from sidecar.states import ModelState
-from tests.harness import FAULTY_TEMPLATE, GOLDEN, REPO, sidecar_config, stop_sidecar, triton_post, wait_for
+from tests.harness import (
+    FAULTY_TEMPLATE,
+    FAULTY_TEXT_TEMPLATE,
+    GOLDEN,
+    REPO,
+    sidecar_config,
+    stop_sidecar,
+    triton_post,
+    wait_for,
+)
 from tests.proxy_support import credit_json, features
 from tests.test_versions import TwoVersions
 
@@ -42,32 +52,39 @@ TENTH = 1.2816
 _SCORES = "scores = _sigmoid(x @ self.w + self.b).astype(np.float32).reshape(-1, 1)"
 
 
-#: Version 2's code for each kind of candidate (None: a copy of version 1).
+#: The line of tests/models/faulty_text that reverses words (its "wrong" fault).
+_REVERSED = 'if self.fault == "wrong":'
+
+
+#: Version 2's code for each kind of candidate: (line of version 1, its replacement); None: a copy.
 CANDIDATES = {
     "same": None,
-    "differs": _SCORES.replace("_sigmoid(x @ self.w + self.b)",
-                               f"(_sigmoid(x @ self.w + self.b) + 0.2 * (x[:, 0] > {TENTH}))"),
-    "wrong": _SCORES.replace("self.b)", "self.b + 3.0)"),
+    "differs": (_SCORES, _SCORES.replace("_sigmoid(x @ self.w + self.b)",
+                                         f"(_sigmoid(x @ self.w + self.b) + 0.2 * (x[:, 0] > {TENTH}))")),
+    "wrong": (_SCORES, _SCORES.replace("self.b)", "self.b + 3.0)")),
+    # Words starting with z come back reversed: the golden cases (alpha, beta...) still pass.
+    "text_differs_on_z": (_REVERSED, 'if self.fault == "wrong" or word.startswith("z"):'),
 }
 
 
-def _two_versions(triton: LocalTriton, tmp_path: Path, candidate: str, template: Path = FAULTY_TEMPLATE
-                  ) -> Iterator[TwoVersions]:
+def _two_versions(triton: LocalTriton, tmp_path: Path, candidate: str, template: Path = FAULTY_TEMPLATE,
+                  golden_from: str = "credit_risk") -> Iterator[TwoVersions]:
     name = f"rollout_{os.getpid()}_{next(_names)}"
     path = triton.model_repository / name
     shutil.copytree(template, path)
     shutil.copytree(path / "1", path / "2")
-    code = CANDIDATES[candidate]
-    if code is not None:
+    change = CANDIDATES[candidate]
+    if change is not None:
+        line, replacement = change
         source = (path / "2" / "model.py").read_text()
-        assert _SCORES in source
-        (path / "2" / "model.py").write_text(source.replace(_SCORES, code))
+        assert line in source
+        (path / "2" / "model.py").write_text(source.replace(line, replacement))
     config = re.sub(r'name: "[^"]+"', f'name: "{name}"', (path / "config.pbtxt").read_text(), count=1)
     (path / "config.pbtxt").write_text(config + "version_policy: { all { } }\n")
     # Unversioned golden cases: the prober aims them at the serving version, the gate at the candidate.
     golden = tmp_path / "golden"
     (golden / name).mkdir(parents=True)
-    for case in (GOLDEN / "credit_risk").glob("*.json"):
+    for case in (GOLDEN / golden_from).glob("*.json"):
         shutil.copy(case, golden / name / case.name)
     status, body = triton_post(triton, f"/v2/repository/models/{name}/load")
     assert status == 200, body
@@ -90,6 +107,12 @@ def two_ms_model(triton: LocalTriton, tmp_path: Path) -> Iterator[TwoVersions]:
 @pytest.fixture
 def differing_candidate(triton: LocalTriton, tmp_path: Path) -> Iterator[TwoVersions]:
     yield from _two_versions(triton, tmp_path, "differs")
+
+
+@pytest.fixture
+def text_candidate(triton: LocalTriton, tmp_path: Path) -> Iterator[TwoVersions]:
+    """tests/models/faulty_text with two versions; version 2 reverses words that start with z."""
+    yield from _two_versions(triton, tmp_path, "text_differs_on_z", FAULTY_TEXT_TEMPLATE, golden_from="text_echo")
 
 
 @pytest.fixture
@@ -194,6 +217,40 @@ async def test_a_candidate_differing_on_a_tenth_of_inputs_is_aborted_within_a_se
     assert code == 200 and sidecar.state(model) is ModelState.HEALTHY
     _, doc = await sidecar.get("/status")
     assert doc["rollouts"][model]["state"] == "aborted" and "scores" in doc["rollouts"][model]["cause"]
+
+
+async def generate(sidecar, model: str, text: str) -> tuple[int, dict[str, Any]]:  # type: ignore[no-untyped-def]
+    async with sidecar.session.post(f"{sidecar.url}/v2/models/{model}/generate",
+                                    json={"text_input": text}) as response:
+        return response.status, await response.json()
+
+
+async def test_generate_answers_are_compared_as_text_and_a_differing_text_aborts(text_candidate, start):
+    model = text_candidate.name
+    config = rollout_config(text_candidate, steps=(0.5, 1.0), step_min_requests=20, step_min_s=60, shadow_rate=1.0)
+    sidecar = await healthy_and_progressing(start, config, model)
+    rollout = rollout_of(sidecar, model)
+    for _ in range(6):  # both versions echo "alpha": compared, the same
+        status, body = await generate(sidecar, model, "alpha")
+        assert (status, body["text_output"]) == (200, "alpha"), body
+    await wait_for(lambda: rollout.compared_total == 6, 10, what="6 generate answers compared")
+    assert rollout.differs_total == 0 and rollout.state is RolloutState.PROGRESSING, rollout.status()
+    assert sidecar.metric("triton_sidecar_rollout_compared_total", model=model, candidate="2", outcome="same") == 6
+
+    with capture_logs() as logs:
+        for _ in range(20):  # "zeta": stable echoes it, the candidate answers "atez"
+            await generate(sidecar, model, "zeta")
+            if rollout.state is RolloutState.ABORTED:
+                break
+        await wait_for(lambda: rollout.state is RolloutState.ABORTED, 5, what="aborted on a differing text")
+    assert "text_output differs" in rollout.cause, rollout.cause
+    aborted = [e for e in logs if e["event"] == "rollout_aborted"]
+    assert len(aborted) == 1 and "text_output differs" in aborted[0]["cause"], aborted
+    # The texts themselves (a prompt's echo is input data) are in neither the cause nor the event.
+    assert not any(word in json.dumps(aborted[0]) for word in ("zeta", "atez")), aborted
+    for _ in range(5):
+        status, body = await generate(sidecar, model, "zeta")
+        assert (status, body["text_output"], body["model_version"]) == (200, "zeta", "1"), body
 
 
 async def test_a_candidate_that_fails_its_golden_case_never_serves(wrong_candidate, start):

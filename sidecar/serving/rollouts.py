@@ -424,3 +424,13 @@ def compare_answers(expected: Sequence[AnswerTensor], got: Sequence[AnswerTensor
         _, datatype2, shape2, values2 = theirs[name]
         mismatches.extend(compare_output(name, reference, ReceivedOutput(datatype2, shape2, values2)))
     return mismatches
+
+
+def compare_texts(expected: Mapping[str, str], got: Mapping[str, str]) -> list[Mismatch]:
+    """How a generate answer's outputs differ from the other version's: equal or not, output by
+    output. The texts themselves are not quoted: a generated text may repeat the prompt (input data)."""
+    mismatches = [Mismatch(name, f"output {name} only in version {'one' if name in expected else 'two'}'s answer")
+                  for name in sorted(set(expected) ^ set(got))]
+    mismatches.extend(Mismatch(name, f"{name} differs: {len(expected[name])} vs {len(got[name])} characters")
+                      for name in sorted(set(expected) & set(got)) if expected[name] != got[name])
+    return mismatches
