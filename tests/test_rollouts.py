@@ -23,7 +23,7 @@ from structlog.testing import capture_logs
 from tritonclient.grpc import service_pb2 as pb
 
 from sidecar.app.factory import apply_config
-from sidecar.config import RolloutSettings
+from sidecar.config import FilterRule, RolloutSettings
 from sidecar.devtools.tritonserver import LocalTriton, free_port
 from sidecar.fronts.appkeys import SERVING
 from sidecar.fronts.grpc_server import SERVICE
@@ -62,6 +62,8 @@ CANDIDATES = {
     "differs": (_SCORES, _SCORES.replace("_sigmoid(x @ self.w + self.b)",
                                          f"(_sigmoid(x @ self.w + self.b) + 0.2 * (x[:, 0] > {TENTH}))")),
     "wrong": (_SCORES, _SCORES.replace("self.b)", "self.b + 3.0)")),
+    # Only the filtered output differs: the golden cases (scores only) still pass.
+    "income_differs": ("income = _sigmoid(x @ self.v)", "income = _sigmoid(x @ self.v + 1.0)"),
     # Words starting with z come back reversed: the golden cases (alpha, beta...) still pass.
     "text_differs_on_z": (_REVERSED, 'if self.fault == "wrong" or word.startswith("z"):'),
 }
@@ -113,6 +115,11 @@ def differing_candidate(triton: LocalTriton, tmp_path: Path) -> Iterator[TwoVers
 def text_candidate(triton: LocalTriton, tmp_path: Path) -> Iterator[TwoVersions]:
     """tests/models/faulty_text with two versions; version 2 reverses words that start with z."""
     yield from _two_versions(triton, tmp_path, "text_differs_on_z", FAULTY_TEXT_TEMPLATE, golden_from="text_echo")
+
+
+@pytest.fixture
+def income_candidate(triton: LocalTriton, tmp_path: Path) -> Iterator[TwoVersions]:
+    yield from _two_versions(triton, tmp_path, "income_differs")
 
 
 @pytest.fixture
@@ -217,6 +224,27 @@ async def test_a_candidate_differing_on_a_tenth_of_inputs_is_aborted_within_a_se
     assert code == 200 and sidecar.state(model) is ModelState.HEALTHY
     _, doc = await sidecar.get("/status")
     assert doc["rollouts"][model]["state"] == "aborted" and "scores" in doc["rollouts"][model]["cause"]
+
+
+async def test_a_filtered_output_is_compared_in_the_pod_and_its_values_never_leave_it(income_candidate, start):
+    model = income_candidate.name
+    config = rollout_config(income_candidate, steps=(0.5, 1.0), step_min_requests=20, step_min_s=60, shadow_rate=1.0)
+    config = replace(config, filtering=replace(config.filtering, rules=(
+        FilterRule(model="rollout_.*", drop_outputs=("income_prob",)),)))
+    sidecar = await healthy_and_progressing(start, config, model)
+    rollout = rollout_of(sidecar, model)
+    with capture_logs() as logs:
+        for seed in range(1, 40):
+            status, body = await infer(sidecar, model, seed)
+            assert status == 200 and [o["name"] for o in body["outputs"]] == ["scores"], body
+            if rollout.state is RolloutState.ABORTED:
+                break
+        await wait_for(lambda: rollout.state is RolloutState.ABORTED, 5, what="aborted on the filtered output")
+    assert "income_prob differs (a filtered output: values stay in the pod)" in rollout.cause, rollout.cause
+    aborted = [e for e in logs if e["event"] == "rollout_aborted"]
+    assert len(aborted) == 1 and not re.search(r"\d\.\d{3}", aborted[0]["cause"]), aborted
+    _, doc = await sidecar.get("/status")
+    assert not re.search(r"\d\.\d{3}", doc["rollouts"][model]["example"] or ""), doc["rollouts"][model]
 
 
 async def generate(sidecar, model: str, text: str) -> tuple[int, dict[str, Any]]:  # type: ignore[no-untyped-def]
