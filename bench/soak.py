@@ -3,6 +3,7 @@
 
     .venv/bin/python -m bench.soak [--minutes 4] [--clients 4] [--fault-every 20]
                                    [--faults kill,nan,drift,hang] [--hold-while-suspect-ms 50]
+                                   [--probe-interval 0.5]
 
 Two models behind the sidecar (`triton-sidecar run`, probes every 0.5 s, failure threshold 2, the flap
 guard raised for the planned faults): one copy of tests/models/faulty (the victim) and one steady
@@ -501,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"fault kinds in turn, from {','.join(FAULT_KINDS)} (default kill,nan,drift,hang)")
     parser.add_argument("--hold-while-suspect-ms", type=float, default=None,
                         help="proxy.hold_while_suspect_ms for the sidecar (default: unset)")
+    parser.add_argument("--probe-interval", type=float, default=0.5,
+                        help="probes.interval_s for the sidecar (default 0.5): the drift window's floor")
     parser.add_argument("--upstream-timeout", type=float, default=None,
                         help="proxy.upstream_timeout_s for the sidecar (default: the sidecar's own, 30 s)")
     parser.add_argument("--unload-timeout", type=float, default=None,
@@ -513,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     interrupt_on_termination()
     settings = SoakSettings(duration_s=args.minutes * 60, clients=args.clients, fault_every_s=args.fault_every,
                             faults=faults, hold_while_suspect_ms=args.hold_while_suspect_ms,
+                            probe_interval_s=args.probe_interval,
                             upstream_timeout_s=args.upstream_timeout, unload_timeout_s=args.unload_timeout)
     machine = describe_machine()
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as scratch:
