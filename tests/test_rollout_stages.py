@@ -133,11 +133,15 @@ def test_a_p99_difference_under_the_noise_floor_does_not_hold_a_stage():
 
 def test_after_the_last_step_the_candidate_is_promoted_and_serves_every_unpinned_request():
     rollout, clock = progressing(steps=(0.5, 1.0), step_min_requests=10, step_min_s=1)
-    for _ in range(2):
-        serve(rollout, 10, stable_s=0.003, candidate_s=0.003)
-        clock.now += 1
-        rollout.decide()
+    with capture_logs() as logs:
+        for _ in range(2):
+            serve(rollout, 10, stable_s=0.003, candidate_s=0.003)
+            clock.now += 1
+            rollout.decide()
     assert rollout.state is RolloutState.PROMOTED and rollout.serving_version == "2"
+    assert [(e["event"], e.get("step")) for e in logs] == [
+        ("rollout_step", 1), ("rollout_step", 2), ("rollout_promoted", None)], logs
+    assert logs[-1]["compared"] == 20 and logs[-1]["differs"] == 0
     assert {rollout.pick(b) for b in np.linspace(0, 0.999, 50)} == {"2"}
 
 
