@@ -394,6 +394,25 @@ async def test_shadow_calls_do_not_delay_the_client(two_ms_model, start):
     assert rollout_of(shadowed, model).compared_total >= 200
 
 
+async def test_a_client_never_waits_for_its_shadow_even_when_the_candidate_hangs(same_candidate, start):
+    """The proof without a stopwatch: the candidate's execute() blocks forever, so a client that
+    waited for its shadow call would never get its answer (or only after upstream_timeout_s, 30 s)."""
+    model = same_candidate.name
+    # A first step of 0 %: every client request goes to stable, every shadow to the hung candidate.
+    config = rollout_config(same_candidate, proxy={"max_shadow_in_flight": 3}, steps=(0.0, 1.0), step_min_s=600,
+                            step_min_requests=100_000, shadow_rate=1.0)
+    sidecar = await healthy_and_progressing(start, config, model)
+    same_candidate.inject("2", "hang")
+    shadows = sidecar.app[SERVING].shadows
+    for seed in range(30):
+        async with asyncio.timeout(5):
+            status, body = await infer(sidecar, model, seed)
+        assert (status, body["model_version"]) == (200, "1"), body
+    # The first three shadows hang at the candidate, at their cap; the other 27 were never sent.
+    assert len(shadows) == 3
+    assert sidecar.metric("triton_sidecar_shadow_dropped_total", model=model) == 27
+
+
 async def test_shadow_calls_stop_at_their_cap_and_are_counted(same_candidate, start):
     model = same_candidate.name
     config = rollout_config(same_candidate, proxy={"max_shadow_in_flight": 2}, steps=(0.5, 1.0), step_min_s=600,
