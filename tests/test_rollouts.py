@@ -343,6 +343,7 @@ async def test_unpinned_requests_fall_back_to_the_trusted_version_while_one_is_q
     model = same_candidate.name
     config = sidecar_config(same_candidate.triton, models=[model], golden_dir=same_candidate.golden_dir,
                             healing={"enabled": False})
+    config = replace(config, listen=replace(config.listen, grpc_port=free_port()))
     # Versioned cases, so that a NaN in version 2 blames version 2 only.
     for case in list(same_candidate.golden_dir.joinpath(model).glob("*.json")):
         doc = json.loads(case.read_text())
@@ -358,7 +359,19 @@ async def test_unpinned_requests_fall_back_to_the_trusted_version_while_one_is_q
         assert (status, body["model_version"]) == (200, "1"), body
     status, body = await infer(sidecar, model, 1, version="2")
     assert (status, body["reason"]) == (503, "quarantined"), body
-    assert sidecar.metric("triton_sidecar_routed_total", model=model, version="1", reason="fallback") == 5
+    # The same on gRPC: unpinned falls back to 1, pinned to 2 is UNAVAILABLE.
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{config.listen.grpc_port}") as channel:
+        call = channel.unary_unary(f"/{SERVICE}/ModelInfer", request_serializer=pb.ModelInferRequest.SerializeToString,
+                                   response_deserializer=pb.ModelInferResponse.FromString)
+        request = pb.ModelInferRequest(model_name=model)
+        tensor = request.inputs.add(name="features", datatype="FP32", shape=[1, 128])
+        tensor.contents.fp32_contents.extend(features(1, 1).ravel().tolist())
+        assert (await call(request)).model_version == "1"
+        request.model_version = "2"
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call(request)
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert sidecar.metric("triton_sidecar_routed_total", model=model, version="1", reason="fallback") == 6
 
 
 async def _p50_ms(sidecar, model: str, n: int) -> float:  # type: ignore[no-untyped-def]
