@@ -297,6 +297,26 @@ async def test_a_candidate_that_fails_its_golden_case_never_serves(wrong_candida
     assert sidecar.state(model) is ModelState.HEALTHY
 
 
+async def test_the_gate_runs_the_candidate_s_own_versioned_cases(same_candidate, start):
+    """A case written for version 2 (`"version": "2"`) judges the candidate instead of the model's
+    unversioned cases, which version 2 would pass."""
+    model = same_candidate.name
+    normal = json.loads((same_candidate.golden_dir / model / "normal.json").read_text())
+    normal["expect"]["outputs"]["scores"]["data"] = [0.9]  # what version 2 was meant to answer
+    (same_candidate.golden_dir / model / "v2_normal.json").write_text(json.dumps({**normal, "version": "2"}))
+    config = rollout_config(same_candidate, steps=(0.5, 1.0), shadow_rate=1.0)
+    sidecar = await start(config)
+    rollout = rollout_of(sidecar, model)
+    # Not HEALTHY: the model's own rounds run the version 2 case too and quarantine version 2 alone.
+    await wait_for(lambda: rollout.state is not RolloutState.GATING, 20, what="gate done")
+    assert rollout.state is RolloutState.ABORTED, rollout.status()
+    assert rollout.cause.startswith("golden gate: golden case v2_normal"), rollout.cause
+    await wait_for(lambda: sidecar.state(model) is ModelState.UNHEALTHY, 20, what="version 2 quarantined")
+    for i in range(20):
+        status, body = await infer(sidecar, model, i)
+        assert (status, body["model_version"]) == (200, "1"), body
+
+
 async def test_a_version_is_pinned_by_path_header_and_grpc(same_candidate, start):
     model = same_candidate.name
     config = rollout_config(same_candidate, grpc=True, steps=(0.001, 1.0), step_min_s=600)
