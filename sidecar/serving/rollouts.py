@@ -146,6 +146,12 @@ class Rollout:
         return self.settings.candidate if bucket < self.share else self.settings.stable
 
     @property
+    def candidate_in_service(self) -> bool:
+        """Does the candidate serve unpinned traffic or shadows (progressing, promoted)? While gating
+        or aborted the golden gate is its judge, not the model's probe rounds."""
+        return self.state in (RolloutState.PROGRESSING, RolloutState.PROMOTED)
+
+    @property
     def serving_version(self) -> str:
         """The version most unpinned traffic reaches, which unversioned golden cases probe: stable
         until the rollout is promoted, then the candidate."""
