@@ -66,6 +66,15 @@ def test_environment_overrides_the_file(tmp_path):
         ("filtering:\n  rules:\n  - {model: 'credit(', drop_outputs: [x]}\n",
          "key 'filtering.rules.0.model': not a regular expression"),
         ("logging:\n  format: xml\n", "key 'logging.format'"),
+        ("rollouts:\n  m: {stable: '1'}\n", "key 'rollouts.m': 'candidate' is a required property"),
+        ("rollouts:\n  m: {stable: '1', candidate: '1'}\n", "key 'rollouts.m.candidate': must differ from stable"),
+        ("rollouts:\n  m: {stable: '1', candidate: '2', steps: [0.5, 0.1]}\n",
+         "key 'rollouts.m.steps': shares must increase"),
+        ("rollouts:\n  m: {stable: '1', candidate: '2', shadow_rate: 1.5}\n",
+         "key 'rollouts.m.shadow_rate': 1.5 is greater than the maximum of 1"),
+        ("rollouts:\n  m: {stable: '1', candidate: '2', stpes: [1.0]}\n", "unknown key 'rollouts.m.stpes'"),
+        ("rollouts:\n  m: {stable: '1', candidate: '2', decision: rollback}\n", "key 'rollouts.m.decision'"),
+        ("proxy:\n  hold_while_suspect_ms: -1\n", "key 'proxy.hold_while_suspect_ms': -1 is less than the minimum"),
         ("- just\n- a list\n", "the top level must be a mapping"),
         ("probes: [\n", "not valid YAML (line"),
     ],
@@ -78,6 +87,30 @@ def test_a_bad_config_file_is_one_line_naming_the_file_and_key(tmp_path, text, e
     assert message.startswith(f"{path}: ")
     assert expected in message
     assert "\n" not in message
+
+
+def test_a_rollout_takes_the_keys_issue_20_names(tmp_path):
+    path = _file(tmp_path, """
+rollouts:
+  credit_risk:
+    stable: "1"
+    candidate: "2"
+    steps: [0.001, 0.05, 0.3, 1.0]
+    step_min_requests: 200
+    step_min_s: 60
+    shadow_rate: 0.05
+    compare: {atol: 1.0e-5, rtol: 1.0e-4, outputs: {scores: {atol: 0.01, rtol: 0}}}
+    max_diff_rate: 0.005
+    max_error_rate: 0.001
+    max_p99_increase: 0.10
+    cohort_key: "x-user"
+""")
+    rollout = load_config(path, environ={}).rollouts["credit_risk"]
+    assert (rollout.stable, rollout.candidate, rollout.steps) == ("1", "2", (0.001, 0.05, 0.3, 1.0))
+    assert (rollout.step_min_requests, rollout.step_min_s, rollout.shadow_rate) == (200, 60, 0.05)
+    assert (rollout.max_diff_rate, rollout.max_error_rate, rollout.max_p99_increase) == (0.005, 0.001, 0.10)
+    assert rollout.tolerance("income_prob").atol == 1.0e-5 and rollout.tolerance("scores").atol == 0.01
+    assert (rollout.cohort_key, rollout.decision) == ("x-user", "auto")
 
 
 def test_a_bad_environment_override_names_the_variable_or_key():

@@ -13,14 +13,15 @@ from dataclasses import replace
 from typing import Any
 
 import aiohttp
+import grpc
 import numpy as np
 import pytest
-import tritonclient.grpc.aio as grpcclient_aio
-from tritonclient.utils import InferenceServerException
+from tritonclient.grpc import service_pb2 as pb
 
 from bench.repository import credit_risk_scores
 from sidecar.devtools.tritonserver import free_port
 from sidecar.fronts.appkeys import STATES, UPSTREAM_POOL
+from sidecar.fronts.grpc_server import SERVICE
 from sidecar.states import ModelState
 from tests.harness import sidecar_config, wait_for
 from tests.proxy_support import credit_json, features
@@ -38,18 +39,19 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) 
         return time.monotonic(), response.status, dict(response.headers), json.loads(answer)
 
 
-async def _grpc_infer(target: str, model: str, seed: int) -> tuple[float, str]:
-    client = grpcclient_aio.InferenceServerClient(target)
-    try:
-        inputs = [grpcclient_aio.InferInput("features", [1, 128], "FP32")]
-        inputs[0].set_data_from_numpy(features(1, seed=seed))
+async def _grpc_infer(target: str, model: str, seed: int) -> tuple[float, grpc.StatusCode, dict[str, str]]:
+    """(when it ended, its status code, its trailing metadata)."""
+    request = pb.ModelInferRequest(model_name=model)
+    tensor = request.inputs.add(name="features", datatype="FP32", shape=[1, 128])
+    tensor.contents.fp32_contents.extend(features(1, seed=seed).ravel().tolist())
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = channel.unary_unary(f"/{SERVICE}/ModelInfer", request_serializer=pb.ModelInferRequest.SerializeToString,
+                                   response_deserializer=pb.ModelInferResponse.FromString)(request, timeout=25)
         try:
-            await client.infer(model, inputs, client_timeout=25)
-            return time.monotonic(), "OK"
-        except InferenceServerException as e:
-            return time.monotonic(), str(e.status())
-    finally:
-        await client.close()
+            await call
+        except grpc.aio.AioRpcError as e:
+            return time.monotonic(), e.code(), dict(e.trailing_metadata() or ())
+        return time.monotonic(), grpc.StatusCode.OK, {}
 
 
 async def test_requests_waiting_at_a_hung_instance_end_503_within_a_second_of_quarantine(
@@ -79,8 +81,10 @@ async def test_requests_waiting_at_a_hung_instance_end_503_within_a_second_of_qu
         assert status == 503 and headers.get("Retry-After") == "1", (status, body)
         assert body["reason"] == "quarantined" and body["model"] == model, body
         assert finished - quarantine <= ENDED_WITHIN_S, f"answered {finished - quarantine:.2f} s after quarantine"
-    for finished, code in await asyncio.gather(*grpc_calls):
-        assert code == "StatusCode.UNAVAILABLE", code
+    for finished, code, trailing in await asyncio.gather(*grpc_calls):
+        assert code is grpc.StatusCode.UNAVAILABLE, code
+        assert trailing.get("x-sidecar-reason") == "quarantined", trailing
+        assert trailing.get("grpc-retry-pushback-ms") == "1000", trailing  # Retry-After's 1 s, for gRPC clients
         assert finished - quarantine <= ENDED_WITHIN_S, f"answered {finished - quarantine:.2f} s after quarantine"
     assert sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="ended_at_triton") == 5
     # Their connections to Triton were closed, not given back to the pool for the next request.

@@ -355,3 +355,78 @@ def test_kustomize_renders_the_dashboard_config_map_and_the_prometheus_rule() ->
     assert config_map["metadata"]["labels"] == {"grafana_dashboard": "1"}
     assert json.loads(config_map["data"]["triton-sidecar.json"]) == load_dashboard()
     assert objects["PrometheusRule", "triton-sidecar"]["spec"] == load_rules()
+
+
+# -- the Argo Rollouts AnalysisTemplate (k8s/rollouts, issue 20 §7) ----------------------------------------
+
+ANALYSIS_TEMPLATE_FILE = ROOT / "k8s" / "rollouts" / "analysis-template.yaml"
+
+
+def _argo_condition(condition: str, result: list[float]) -> bool:
+    """Argo's success/failure expression on a Prometheus result, evaluated the way Argo does for the
+    operators these templates use (len, indexing, comparisons, && and ||)."""
+    python = condition.replace("&&", " and ").replace("||", " or ")
+    return bool(eval(python, {"__builtins__": {}, "len": len}, {"result": result}))
+
+
+def test_the_analysis_template_gates_a_step_on_the_pods_summed_comparisons(tmp_path: Path) -> None:
+    template = yaml.safe_load(ANALYSIS_TEMPLATE_FILE.read_text())
+    assert (template["apiVersion"], template["kind"]) == ("argoproj.io/v1alpha1", "AnalysisTemplate")
+    metrics = {m["name"]: m for m in template["spec"]["metrics"]}
+    args = {"namespace": "ml", "model": "credit_risk", "candidate": "2"}
+    assert set(args) <= {a["name"] for a in template["spec"]["args"]}
+
+    def query(name: str) -> str:
+        text = metrics[name]["provider"]["prometheus"]["query"]
+        for key, value in args.items():
+            text = text.replace("{{args." + key + "}}", value)
+        assert "{{" not in text, text
+        return text
+
+    # Two pods, 12 compared pairs a minute each; pod triton-1 finds 200 differing pairs by minute 25
+    # and aborts at minute 22.
+    def series(pod: str, outcome: str, values: str) -> dict[str, str]:
+        return {"series": f'triton_sidecar_rollout_compared_total{{namespace="ml", pod="{pod}", model="credit_risk", '
+                          f'candidate="2", outcome="{outcome}"}}', "values": values}
+
+    def state(pod: str, values: str) -> dict[str, str]:
+        return {"series": f'triton_sidecar_rollout_state{{namespace="ml", pod="{pod}", model="credit_risk", '
+                          f'state="aborted"}}', "values": values}
+
+    differ, aborted = query("compared-answers-differ"), query("no-pod-aborted")
+    expectations = [  # (query, minute, expected samples, what Argo must conclude)
+        (differ, 5, [], "inconclusive"),     # 120 compared across pods: too few yet, the step waits
+        (differ, 15, [0.0], "successful"),   # 360 compared, none differ
+        (differ, 25, [0.25], "failed"),      # 200 of 800 differ
+        (aborted, 15, [0.0], "successful"),
+        (aborted, 25, [1.0], "failed"),
+    ]
+    unit = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                series("triton-0", "same", "0+12x30"), series("triton-0", "differs", "0+0x30"),
+                series("triton-1", "same", "0+12x30"), series("triton-1", "differs", "0x20 200+0x10"),
+                state("triton-0", "0+0x30"), state("triton-1", "0x21 1+0x9"),
+            ],
+            "promql_expr_test": [
+                {"expr": expr, "eval_time": f"{minute}m",
+                 "exp_samples": [{"labels": "{}", "value": value} for value in values]}
+                for expr, minute, values, _ in expectations
+            ],
+        }],
+    }
+    path = tmp_path / "analysis.test.yml"
+    path.write_text(yaml.safe_dump(unit, sort_keys=False))
+    assert_promtool_ok("test", "rules", str(path))
+    for expr, minute, values, verdict in expectations:
+        name = "compared-answers-differ" if expr == differ else "no-pod-aborted"
+        success = _argo_condition(metrics[name]["successCondition"], values)
+        failure = "failureCondition" in metrics[name] and _argo_condition(metrics[name]["failureCondition"], values)
+        # Argo: success when successCondition holds; without a failureCondition, failed otherwise.
+        if "failureCondition" not in metrics[name]:
+            failure = not success
+        concluded = "successful" if success else "failed" if failure else "inconclusive"
+        assert concluded == verdict, (name, minute, values, concluded)

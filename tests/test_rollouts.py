@@ -19,16 +19,26 @@ from typing import Any
 
 import grpc.aio
 import pytest
+from structlog.testing import capture_logs
 from tritonclient.grpc import service_pb2 as pb
 
 from sidecar.app.factory import apply_config
-from sidecar.config import RolloutSettings
+from sidecar.config import FilterRule, RolloutSettings
 from sidecar.devtools.tritonserver import LocalTriton, free_port
 from sidecar.fronts.appkeys import SERVING
 from sidecar.fronts.grpc_server import SERVICE
 from sidecar.serving.rollouts import RolloutState
 from sidecar.states import ModelState
-from tests.harness import FAULTY_TEMPLATE, GOLDEN, REPO, sidecar_config, stop_sidecar, triton_post, wait_for
+from tests.harness import (
+    FAULTY_TEMPLATE,
+    FAULTY_TEXT_TEMPLATE,
+    GOLDEN,
+    REPO,
+    sidecar_config,
+    stop_sidecar,
+    triton_post,
+    wait_for,
+)
 from tests.proxy_support import credit_json, features
 from tests.test_versions import TwoVersions
 
@@ -42,32 +52,41 @@ TENTH = 1.2816
 _SCORES = "scores = _sigmoid(x @ self.w + self.b).astype(np.float32).reshape(-1, 1)"
 
 
-#: Version 2's code for each kind of candidate (None: a copy of version 1).
+#: The line of tests/models/faulty_text that reverses words (its "wrong" fault).
+_REVERSED = 'if self.fault == "wrong":'
+
+
+#: Version 2's code for each kind of candidate: (line of version 1, its replacement); None: a copy.
 CANDIDATES = {
     "same": None,
-    "differs": _SCORES.replace("_sigmoid(x @ self.w + self.b)",
-                               f"(_sigmoid(x @ self.w + self.b) + 0.2 * (x[:, 0] > {TENTH}))"),
-    "wrong": _SCORES.replace("self.b)", "self.b + 3.0)"),
+    "differs": (_SCORES, _SCORES.replace("_sigmoid(x @ self.w + self.b)",
+                                         f"(_sigmoid(x @ self.w + self.b) + 0.2 * (x[:, 0] > {TENTH}))")),
+    "wrong": (_SCORES, _SCORES.replace("self.b)", "self.b + 3.0)")),
+    # Only the filtered output differs: the golden cases (scores only) still pass.
+    "income_differs": ("income = _sigmoid(x @ self.v)", "income = _sigmoid(x @ self.v + 1.0)"),
+    # Words starting with z come back reversed: the golden cases (alpha, beta...) still pass.
+    "text_differs_on_z": (_REVERSED, 'if self.fault == "wrong" or word.startswith("z"):'),
 }
 
 
-def _two_versions(triton: LocalTriton, tmp_path: Path, candidate: str, template: Path = FAULTY_TEMPLATE
-                  ) -> Iterator[TwoVersions]:
+def _two_versions(triton: LocalTriton, tmp_path: Path, candidate: str, template: Path = FAULTY_TEMPLATE,
+                  golden_from: str = "credit_risk") -> Iterator[TwoVersions]:
     name = f"rollout_{os.getpid()}_{next(_names)}"
     path = triton.model_repository / name
     shutil.copytree(template, path)
     shutil.copytree(path / "1", path / "2")
-    code = CANDIDATES[candidate]
-    if code is not None:
+    change = CANDIDATES[candidate]
+    if change is not None:
+        line, replacement = change
         source = (path / "2" / "model.py").read_text()
-        assert _SCORES in source
-        (path / "2" / "model.py").write_text(source.replace(_SCORES, code))
+        assert line in source
+        (path / "2" / "model.py").write_text(source.replace(line, replacement))
     config = re.sub(r'name: "[^"]+"', f'name: "{name}"', (path / "config.pbtxt").read_text(), count=1)
     (path / "config.pbtxt").write_text(config + "version_policy: { all { } }\n")
     # Unversioned golden cases: the prober aims them at the serving version, the gate at the candidate.
     golden = tmp_path / "golden"
     (golden / name).mkdir(parents=True)
-    for case in (GOLDEN / "credit_risk").glob("*.json"):
+    for case in (GOLDEN / golden_from).glob("*.json"):
         shutil.copy(case, golden / name / case.name)
     status, body = triton_post(triton, f"/v2/repository/models/{name}/load")
     assert status == 200, body
@@ -90,6 +109,17 @@ def two_ms_model(triton: LocalTriton, tmp_path: Path) -> Iterator[TwoVersions]:
 @pytest.fixture
 def differing_candidate(triton: LocalTriton, tmp_path: Path) -> Iterator[TwoVersions]:
     yield from _two_versions(triton, tmp_path, "differs")
+
+
+@pytest.fixture
+def text_candidate(triton: LocalTriton, tmp_path: Path) -> Iterator[TwoVersions]:
+    """tests/models/faulty_text with two versions; version 2 reverses words that start with z."""
+    yield from _two_versions(triton, tmp_path, "text_differs_on_z", FAULTY_TEXT_TEMPLATE, golden_from="text_echo")
+
+
+@pytest.fixture
+def income_candidate(triton: LocalTriton, tmp_path: Path) -> Iterator[TwoVersions]:
+    yield from _two_versions(triton, tmp_path, "income_differs")
 
 
 @pytest.fixture
@@ -196,6 +226,61 @@ async def test_a_candidate_differing_on_a_tenth_of_inputs_is_aborted_within_a_se
     assert doc["rollouts"][model]["state"] == "aborted" and "scores" in doc["rollouts"][model]["cause"]
 
 
+async def test_a_filtered_output_is_compared_in_the_pod_and_its_values_never_leave_it(income_candidate, start):
+    model = income_candidate.name
+    config = rollout_config(income_candidate, steps=(0.5, 1.0), step_min_requests=20, step_min_s=60, shadow_rate=1.0)
+    config = replace(config, filtering=replace(config.filtering, rules=(
+        FilterRule(model="rollout_.*", drop_outputs=("income_prob",)),)))
+    sidecar = await healthy_and_progressing(start, config, model)
+    rollout = rollout_of(sidecar, model)
+    with capture_logs() as logs:
+        for seed in range(1, 40):
+            status, body = await infer(sidecar, model, seed)
+            assert status == 200 and [o["name"] for o in body["outputs"]] == ["scores"], body
+            if rollout.state is RolloutState.ABORTED:
+                break
+        await wait_for(lambda: rollout.state is RolloutState.ABORTED, 5, what="aborted on the filtered output")
+    assert "income_prob differs (a filtered output: values stay in the pod)" in rollout.cause, rollout.cause
+    aborted = [e for e in logs if e["event"] == "rollout_aborted"]
+    assert len(aborted) == 1 and not re.search(r"\d\.\d{3}", aborted[0]["cause"]), aborted
+    _, doc = await sidecar.get("/status")
+    assert not re.search(r"\d\.\d{3}", doc["rollouts"][model]["example"] or ""), doc["rollouts"][model]
+
+
+async def generate(sidecar, model: str, text: str) -> tuple[int, dict[str, Any]]:  # type: ignore[no-untyped-def]
+    async with sidecar.session.post(f"{sidecar.url}/v2/models/{model}/generate",
+                                    json={"text_input": text}) as response:
+        return response.status, await response.json()
+
+
+async def test_generate_answers_are_compared_as_text_and_a_differing_text_aborts(text_candidate, start):
+    model = text_candidate.name
+    config = rollout_config(text_candidate, steps=(0.5, 1.0), step_min_requests=20, step_min_s=60, shadow_rate=1.0)
+    sidecar = await healthy_and_progressing(start, config, model)
+    rollout = rollout_of(sidecar, model)
+    for _ in range(6):  # both versions echo "alpha": compared, the same
+        status, body = await generate(sidecar, model, "alpha")
+        assert (status, body["text_output"]) == (200, "alpha"), body
+    await wait_for(lambda: rollout.compared_total == 6, 10, what="6 generate answers compared")
+    assert rollout.differs_total == 0 and rollout.state is RolloutState.PROGRESSING, rollout.status()
+    assert sidecar.metric("triton_sidecar_rollout_compared_total", model=model, candidate="2", outcome="same") == 6
+
+    with capture_logs() as logs:
+        for _ in range(20):  # "zeta": stable echoes it, the candidate answers "atez"
+            await generate(sidecar, model, "zeta")
+            if rollout.state is RolloutState.ABORTED:
+                break
+        await wait_for(lambda: rollout.state is RolloutState.ABORTED, 5, what="aborted on a differing text")
+    assert "text_output differs" in rollout.cause, rollout.cause
+    aborted = [e for e in logs if e["event"] == "rollout_aborted"]
+    assert len(aborted) == 1 and "text_output differs" in aborted[0]["cause"], aborted
+    # The texts themselves (a prompt's echo is input data) are in neither the cause nor the event.
+    assert not any(word in json.dumps(aborted[0]) for word in ("zeta", "atez")), aborted
+    for _ in range(5):
+        status, body = await generate(sidecar, model, "zeta")
+        assert (status, body["text_output"], body["model_version"]) == (200, "zeta", "1"), body
+
+
 async def test_a_candidate_that_fails_its_golden_case_never_serves(wrong_candidate, start):
     model = wrong_candidate.name
     config = rollout_config(wrong_candidate, steps=(0.5, 1.0), shadow_rate=1.0)
@@ -210,6 +295,36 @@ async def test_a_candidate_that_fails_its_golden_case_never_serves(wrong_candida
     assert sidecar.metric("triton_sidecar_routed_total", model=model, version="2", reason="shadow") is None
     # The model's own probes aim its unversioned cases at stable: the model is still HEALTHY.
     assert sidecar.state(model) is ModelState.HEALTHY
+
+
+async def test_the_gate_runs_the_candidate_s_own_versioned_cases_and_their_failure_leaves_the_pod_alone(
+        same_candidate, start):
+    """A case written for version 2 (`"version": "2"`) judges the candidate instead of the model's
+    unversioned cases, which version 2 would pass. It is the gate's alone: the model's rounds do not
+    run it while the candidate serves nobody, so nothing is quarantined, reloaded or unready."""
+    model = same_candidate.name
+    normal = json.loads((same_candidate.golden_dir / model / "normal.json").read_text())
+    normal["expect"]["outputs"]["scores"]["data"] = [0.9]  # what version 2 was meant to answer
+    (same_candidate.golden_dir / model / "v2_normal.json").write_text(json.dumps({**normal, "version": "2"}))
+    config = sidecar_config(same_candidate.triton, models=[model], golden_dir=same_candidate.golden_dir,
+                            healing={"backoff_initial_s": 0.2})  # healing on: a reload loop would show
+    config = replace(config, rollouts={model: RolloutSettings(stable="1", candidate="2", steps=(0.5, 1.0),
+                                                              shadow_rate=1.0)})
+    sidecar = await healthy_and_progressing(start, config, model)
+    rollout = rollout_of(sidecar, model)
+    assert rollout.state is RolloutState.ABORTED, rollout.status()
+    assert rollout.cause.startswith("golden gate: golden case v2_normal"), rollout.cause
+    for i in range(20):
+        status, body = await infer(sidecar, model, i)
+        assert (status, body["model_version"]) == (200, "1"), body
+    def golden_passes() -> float:
+        return sidecar.metric("triton_sidecar_probes_total", model=model, probe="golden", result="success") or 0
+
+    passed = golden_passes()
+    await wait_for(lambda: golden_passes() >= passed + 6, 10, what="two more rounds of the 3 cases")
+    assert sidecar.state(model) is ModelState.HEALTHY and sidecar.first_transition_to(
+        model, ModelState.UNHEALTHY, ModelState.HEALING) is None
+    assert (await sidecar.get("/readyz"))[0] == 200 and (await sidecar.get("/healthz"))[0] == 200
 
 
 async def test_a_version_is_pinned_by_path_header_and_grpc(same_candidate, start):
@@ -258,6 +373,7 @@ async def test_unpinned_requests_fall_back_to_the_trusted_version_while_one_is_q
     model = same_candidate.name
     config = sidecar_config(same_candidate.triton, models=[model], golden_dir=same_candidate.golden_dir,
                             healing={"enabled": False})
+    config = replace(config, listen=replace(config.listen, grpc_port=free_port()))
     # Versioned cases, so that a NaN in version 2 blames version 2 only.
     for case in list(same_candidate.golden_dir.joinpath(model).glob("*.json")):
         doc = json.loads(case.read_text())
@@ -273,7 +389,19 @@ async def test_unpinned_requests_fall_back_to_the_trusted_version_while_one_is_q
         assert (status, body["model_version"]) == (200, "1"), body
     status, body = await infer(sidecar, model, 1, version="2")
     assert (status, body["reason"]) == (503, "quarantined"), body
-    assert sidecar.metric("triton_sidecar_routed_total", model=model, version="1", reason="fallback") == 5
+    # The same on gRPC: unpinned falls back to 1, pinned to 2 is UNAVAILABLE.
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{config.listen.grpc_port}") as channel:
+        call = channel.unary_unary(f"/{SERVICE}/ModelInfer", request_serializer=pb.ModelInferRequest.SerializeToString,
+                                   response_deserializer=pb.ModelInferResponse.FromString)
+        request = pb.ModelInferRequest(model_name=model)
+        tensor = request.inputs.add(name="features", datatype="FP32", shape=[1, 128])
+        tensor.contents.fp32_contents.extend(features(1, 1).ravel().tolist())
+        assert (await call(request)).model_version == "1"
+        request.model_version = "2"
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call(request)
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert sidecar.metric("triton_sidecar_routed_total", model=model, version="1", reason="fallback") == 6
 
 
 async def _p50_ms(sidecar, model: str, n: int) -> float:  # type: ignore[no-untyped-def]
@@ -307,6 +435,25 @@ async def test_shadow_calls_do_not_delay_the_client(two_ms_model, start):
     # (bench.rollout_cost, bench/RESULTS.md), not a timed test's on a shared machine.
     assert shadow <= base * 1.5, (without, with_shadow)
     assert rollout_of(shadowed, model).compared_total >= 200
+
+
+async def test_a_client_never_waits_for_its_shadow_even_when_the_candidate_hangs(same_candidate, start):
+    """The proof without a stopwatch: the candidate's execute() blocks forever, so a client that
+    waited for its shadow call would never get its answer (or only after upstream_timeout_s, 30 s)."""
+    model = same_candidate.name
+    # A first step of 0 %: every client request goes to stable, every shadow to the hung candidate.
+    config = rollout_config(same_candidate, proxy={"max_shadow_in_flight": 3}, steps=(0.0, 1.0), step_min_s=600,
+                            step_min_requests=100_000, shadow_rate=1.0)
+    sidecar = await healthy_and_progressing(start, config, model)
+    same_candidate.inject("2", "hang")
+    shadows = sidecar.app[SERVING].shadows
+    for seed in range(30):
+        async with asyncio.timeout(5):
+            status, body = await infer(sidecar, model, seed)
+        assert (status, body["model_version"]) == (200, "1"), body
+    # The first three shadows hang at the candidate, at their cap; the other 27 were never sent.
+    assert len(shadows) == 3
+    assert sidecar.metric("triton_sidecar_shadow_dropped_total", model=model) == 27
 
 
 async def test_shadow_calls_stop_at_their_cap_and_are_counted(same_candidate, start):

@@ -233,10 +233,18 @@ async def _monitors(app: web.Application) -> AsyncIterator[None]:
 
 def _probed_cases(app: web.Application, model: str) -> Sequence[GoldenCase]:
     """A model's golden cases as the prober runs them: with a rollout, unversioned cases probe the
-    version unpinned traffic reaches (stable, the candidate once promoted), not Triton's highest."""
+    version unpinned traffic reaches (stable, the candidate once promoted), not Triton's highest.
+    While the rollout gates or is aborted, the candidate's own cases are left to the gate: judged by
+    the model's rounds, a candidate that fails them would quarantine the model and have the healer
+    reload it (stable with it: Triton reloads every version) until it is FAILED and the pod
+    restarted, for a version no client reaches unpinned."""
     cases = app[LIVE].golden.cases_for(model)
     rollout = app[SERVING].rollouts.get(model)
-    return aim_unversioned(cases, rollout.serving_version) if rollout is not None else cases
+    if rollout is None:
+        return cases
+    if not rollout.candidate_in_service:
+        cases = [c for c in cases if c.version != rollout.settings.candidate]
+    return aim_unversioned(cases, rollout.serving_version)
 
 
 def _golden_gate(triton: TritonClient, cases_for: Callable[[str], Sequence[GoldenCase]],

@@ -31,6 +31,7 @@ from sidecar.fronts.http_routes import (
     _model_and_version,
     _proxied,
     _read_body,
+    cohort_of,
     forwarded_headers,
     model_path,
     upstream_failure,
@@ -60,6 +61,10 @@ MAX_ERROR_BODY = 64 * 1024
 
 #: (status, body) of Triton's answer to generate.
 GenerateAnswer = tuple[int, bytes]
+
+
+#: Keys of a generate answer that are not the model's outputs.
+_NOT_OUTPUTS = frozenset({"model_name", "model_version", "id"})
 
 
 def add_generate_routes(app: web.Application) -> None:
@@ -147,6 +152,21 @@ class GenerateExchange:
         """Generate answers are text: not measured for drift."""
         return None
 
+    @staticmethod
+    def answer_texts(answer: GenerateAnswer) -> dict[str, str] | None:
+        """Each output of a successful answer as its JSON text, for a rollout's compare (the version
+        that answered and the request's id are not outputs)."""
+        status, body = answer
+        if status != 200:
+            return None
+        try:
+            doc = rapidjson.loads(body)
+        except ValueError:
+            return None
+        if not isinstance(doc, dict):
+            return None
+        return {name: rapidjson.dumps(value) for name, value in doc.items() if name not in _NOT_OUTPUTS}
+
     def _refuse_error_answer(self, body: bytes) -> None:
         """Triton answers 200 with {"error": ...}: for a model that sent several responses (a decoupled
         model: the client must use generate_stream), or for its own failure (a server fault)."""
@@ -173,7 +193,8 @@ class GenerateExchange:
 
 async def generate(request: web.Request, ctx: RequestContext) -> web.StreamResponse:
     call = await _call(request, ctx, "generate")
-    status, body = await call.core.infer(call.model, call.version, GenerateExchange(call))
+    status, body = await call.core.infer(call.model, call.version, GenerateExchange(call),
+                                         cohort_of(call.core, call.model, request.headers))
     return web.Response(status=status, body=body, content_type="application/json")
 
 

@@ -272,6 +272,11 @@ class GrpcInferExchange:
             return None
         return decode_infer_outputs(pb.ModelInferResponse.FromString(answer.payload))
 
+    @staticmethod
+    def answer_texts(answer: GrpcAnswer) -> None:
+        """Infer answers are tensors (answer_tensors)."""
+        return None
+
 
 class _PassedOn(Exception):
     """Triton's own error for the client, passed on with its code."""

@@ -375,6 +375,11 @@ class HttpInferExchange:
             return None
         return answer_tensors(body, _int_or_none(headers.get("Inference-Header-Content-Length")))
 
+    @staticmethod
+    def answer_texts(answer: HttpAnswer) -> None:
+        """Infer answers are tensors (answer_tensors)."""
+        return None
+
 
 def check_body_headers(content_type: str, content_encoding: str, model: str) -> str:
     """Refuse bodies the proxy cannot read (415); the encoding, lower-cased, when it can."""

@@ -34,7 +34,7 @@ from sidecar.serving.passive_signals import HealthEvents, PassiveSignals
 from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
 from sidecar.serving.request import RequestWrapper
 from sidecar.serving.request_rules import RequestRules, load_schemas
-from sidecar.serving.rollouts import GoldenGate, Rollouts, compare_answers, tensor_values
+from sidecar.serving.rollouts import GoldenGate, Rollouts, compare_answers, compare_texts, tensor_values
 from sidecar.serving.routing import DEFAULT, PINNED, SHADOW, Route, Router, pinned_version
 from sidecar.serving.shadow import ShadowCalls
 from sidecar.serving.specs import FetchDocument, SpecCache
@@ -44,10 +44,22 @@ from sidecar.serving.validation import CheckedRequest, Limits, ModelSpec
 from sidecar.states import ModelStates
 
 AnswerT = TypeVar("AnswerT")
+PairT = TypeVar("PairT")
 
 
 def _nothing_hidden(output: str) -> bool:
     return False
+
+
+def _pair_differences(mine: PairT | None, theirs: PairT | None, served: str, target: str, stable_first: bool,
+                      compare: Callable[[PairT, PairT], list[Mismatch]]) -> list[Mismatch]:
+    """How the served answer and its shadow differ: one of them refused, or `compare(stable's,
+    candidate's)`."""
+    if mine is None or theirs is None:
+        refused = served if mine is None else target
+        return [Mismatch("(status)", f"version {refused} refused a request the other version answered")]
+    stable, candidate = (mine, theirs) if stable_first else (theirs, mine)
+    return compare(stable, candidate)
 
 
 def _non_finite(tensors: Sequence[Tensor]) -> bool:
@@ -96,6 +108,10 @@ class Exchange(Protocol[AnswerT]):
     def answer_tensors(self, answer: AnswerT) -> tuple[str, Sequence[Tensor]] | None:
         """(version that answered, numeric outputs) of a screened successful answer, for the drift
         monitor; None for an answer that is not a success. Called only for measured requests."""
+
+    def answer_texts(self, answer: AnswerT) -> Mapping[str, str] | None:
+        """The outputs of a successful generate answer as text (name -> its JSON), which a rollout
+        compares equal / not equal; None for tensor answers (see answer_tensors) and failures."""
 
 
 class ServingCore:
@@ -229,18 +245,22 @@ class ServingCore:
             rollout.answered(target, time.perf_counter() - started, error=True, served=False)
             return
         latency_s = time.perf_counter() - started
-        mine, theirs = exchange.answer_tensors(served), exchange.answer_tensors(other)
-        if mine is None and theirs is None:
-            return  # both refused the request (the client's to fix): nothing to compare
         policy = self.policy(model)
-        nan = theirs is not None and policy.check_non_finite and _non_finite(theirs[1])
-        rollout.answered(target, latency_s, error=nan, served=False)
-        if mine is None or theirs is None:
-            refused = route.version if mine is None else target
-            differences = [Mismatch("(status)", f"version {refused} refused a request the other version answered")]
+        stable_first = route.version == rollout.settings.stable
+        mine, theirs = exchange.answer_tensors(served), exchange.answer_tensors(other)
+        if mine is not None or theirs is not None:
+            nan = theirs is not None and policy.check_non_finite and _non_finite(theirs[1])
+            rollout.answered(target, latency_s, error=nan, served=False)
+            differences = _pair_differences(mine, theirs, route.version, target, stable_first,
+                                            lambda s, c: compare_answers(s[1], c[1], rollout.settings))
         else:
-            stable, candidate = (mine, theirs) if route.version == rollout.settings.stable else (theirs, mine)
-            differences = compare_answers(stable[1], candidate[1], rollout.settings)
+            # Generate answers are text: equal or not (their NaN screening is the client path's).
+            mine_text, theirs_text = exchange.answer_texts(served), exchange.answer_texts(other)
+            if mine_text is None and theirs_text is None:
+                return  # both refused the request (the client's to fix): nothing to compare
+            rollout.answered(target, latency_s, error=False, served=False)
+            differences = _pair_differences(mine_text, theirs_text, route.version, target, stable_first,
+                                            compare_texts)
         hidden = policy.is_hidden or _nothing_hidden
         differs = rollout.compared(differences, hidden=hidden)
         if differs is None:

@@ -146,6 +146,12 @@ class Rollout:
         return self.settings.candidate if bucket < self.share else self.settings.stable
 
     @property
+    def candidate_in_service(self) -> bool:
+        """Does the candidate serve unpinned traffic or shadows (progressing, promoted)? While gating
+        or aborted the golden gate is its judge, not the model's probe rounds."""
+        return self.state in (RolloutState.PROGRESSING, RolloutState.PROMOTED)
+
+    @property
     def serving_version(self) -> str:
         """The version most unpinned traffic reaches, which unversioned golden cases probe: stable
         until the rollout is promoted, then the candidate."""
@@ -423,4 +429,14 @@ def compare_answers(expected: Sequence[AnswerTensor], got: Sequence[AnswerTensor
         reference = ExpectedOutput(datatype, shape, values, atol=tolerance.atol, rtol=tolerance.rtol)
         _, datatype2, shape2, values2 = theirs[name]
         mismatches.extend(compare_output(name, reference, ReceivedOutput(datatype2, shape2, values2)))
+    return mismatches
+
+
+def compare_texts(expected: Mapping[str, str], got: Mapping[str, str]) -> list[Mismatch]:
+    """How a generate answer's outputs differ from the other version's: equal or not, output by
+    output. The texts themselves are not quoted: a generated text may repeat the prompt (input data)."""
+    mismatches = [Mismatch(name, f"output {name} only in version {'one' if name in expected else 'two'}'s answer")
+                  for name in sorted(set(expected) ^ set(got))]
+    mismatches.extend(Mismatch(name, f"{name} differs: {len(expected[name])} vs {len(got[name])} characters")
+                      for name in sorted(set(expected) & set(got)) if expected[name] != got[name])
     return mismatches

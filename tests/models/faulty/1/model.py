@@ -7,7 +7,10 @@ On SIGUSR1 the stub reads `fault` next to this file and damages its own state ac
 - `slow_drift`: as `drift`, and every later execute() takes 0.2 s more (a confirmation round that
   can be waited on);
 - `blip`: the next execute() answers wrong once, and the three after it take 0.2 s more each (a
-  transient fault whose confirmation round passes, slowly enough to be waited on).
+  transient fault whose confirmation round passes, slowly enough to be waited on);
+- `probe_blip`: the next request holding a row of zeros (the golden `boundary` case has one; random
+  client inputs never do) answers wrong once: a golden round that fails by chance while every client
+  answer stays right (bench/hold_cost.py).
 A reload runs initialize() again in a fresh stub, which is what heals each of these.
 """
 
@@ -34,6 +37,7 @@ class TritonPythonModel:
         self.delay_s = 0.0
         self.slow_calls = 0
         self.wrong_calls = 0
+        self.probe_blips = 0
         self.fault_file = Path(__file__).parent / "fault"
         signal.signal(signal.SIGUSR1, self._inject_fault)
 
@@ -53,6 +57,8 @@ class TritonPythonModel:
         elif kind == "blip":
             self.wrong_calls = 1
             self.slow_calls = 3
+        elif kind == "probe_blip":
+            self.probe_blips = 1
 
     def execute(self, requests):
         if self.hang:
@@ -76,7 +82,9 @@ class TritonPythonModel:
                 )
                 continue
             scores = _sigmoid(x @ self.w + self.b).astype(np.float32).reshape(-1, 1)
-            if wrong:
+            if wrong or (self.probe_blips and np.any(np.all(x == 0, axis=1))):
+                if not wrong:
+                    self.probe_blips -= 1
                 scores = _sigmoid(x @ self.w + np.float32(5.0)).astype(np.float32).reshape(-1, 1)
             income = _sigmoid(x @ self.v).astype(np.float32).reshape(-1, 1)
             responses.append(
