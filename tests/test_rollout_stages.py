@@ -216,3 +216,38 @@ def test_generate_texts_are_equal_or_not_and_the_example_never_quotes_them():
     assert [m.output for m in differs] == ["text_output"]
     assert "secret" not in differs[0].message and "terces" not in differs[0].message
     assert compare_texts({"text_output": '"a"'}, {})[0].message == "output text_output only in version one's answer"
+
+
+def rollout_watching_states(clock: FakeClock) -> tuple[Rollout, ModelStates]:
+    states = ModelStates(failure_threshold=3, success_threshold=1, clock=clock)
+    states.track(MODEL)
+    states.apply(MODEL, lambda h, now: h.begin_warmup(now))
+    states.apply(MODEL, lambda h, now: h.probe_passed(now))
+    rollouts = Rollouts({MODEL: RolloutSettings(stable="1", candidate="2")},
+                        metrics=SidecarMetrics(CollectorRegistry()), clock=clock, states=states)
+    rollouts.tick()
+    rollout = rollouts.get(MODEL)
+    assert rollout is not None and rollout.state is RolloutState.PROGRESSING
+    return rollout, states
+
+
+def test_a_round_failed_on_the_candidate_alone_aborts_the_rollout_at_its_first_failure() -> None:
+    rollout, states = rollout_watching_states(FakeClock())
+    states.apply(MODEL, lambda h, now: h.probe_failed("golden case v2_normal: scores[0] expected 0.43, got nan",
+                                                      now, versions=frozenset({"2"})))
+    assert rollout.state is RolloutState.ABORTED and rollout.share == 0.0
+    assert rollout.cause.startswith("the candidate failed its golden cases at step 1: golden case v2_normal")
+
+
+def test_a_whole_model_failure_or_one_of_stable_is_the_model_s_health_s_not_the_rollout_s() -> None:
+    for versions in (frozenset(), frozenset({"1"}), frozenset({"1", "2"})):
+        rollout, states = rollout_watching_states(FakeClock())
+        states.apply(MODEL, lambda h, now, v=versions: h.probe_failed("golden case normal failed", now, versions=v))
+        assert rollout.state is RolloutState.PROGRESSING, versions
+
+
+def test_a_candidate_failure_after_promotion_is_the_model_s_health_s() -> None:
+    rollout, states = rollout_watching_states(FakeClock())
+    rollout.decide_by_config("promote")
+    states.apply(MODEL, lambda h, now: h.probe_failed("golden case v2_normal failed", now, versions=frozenset({"2"})))
+    assert rollout.state is RolloutState.PROMOTED

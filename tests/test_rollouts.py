@@ -327,6 +327,32 @@ async def test_the_gate_runs_the_candidate_s_own_versioned_cases_and_their_failu
     assert (await sidecar.get("/readyz"))[0] == 200 and (await sidecar.get("/healthz"))[0] == 200
 
 
+async def test_a_candidate_that_breaks_while_progressing_is_rolled_back_without_a_heal(same_candidate, start):
+    """Past its gate, the candidate's own case fails (NaN in version 2's stub): the rollout aborts at
+    the first failed round, so unpinned traffic stays on stable, and the model is not quarantined
+    or reloaded (a reload would take stable down with it)."""
+    model = same_candidate.name
+    normal = json.loads((same_candidate.golden_dir / model / "normal.json").read_text())
+    (same_candidate.golden_dir / model / "v2_normal.json").write_text(json.dumps({**normal, "version": "2"}))
+    config = sidecar_config(same_candidate.triton, models=[model], golden_dir=same_candidate.golden_dir,
+                            healing={"backoff_initial_s": 0.2})  # healing on: a heal would show
+    config = replace(config, rollouts={model: RolloutSettings(stable="1", candidate="2", steps=(0.5, 1.0),
+                                                              step_min_s=600, shadow_rate=0.0)})
+    sidecar = await healthy_and_progressing(start, config, model)
+    rollout = rollout_of(sidecar, model)
+    assert rollout.state is RolloutState.PROGRESSING, rollout.status()
+    same_candidate.inject("2", "nan")
+    await wait_for(lambda: rollout.state is RolloutState.ABORTED, 10, what="rollout aborted")
+    assert rollout.cause.startswith("the candidate failed its golden cases at step 1: "), rollout.cause
+    assert "v2_normal" in rollout.cause, rollout.cause
+    for i in range(20):
+        status, body = await infer(sidecar, model, i)
+        assert (status, body["model_version"]) == (200, "1"), body
+    await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 10, what="HEALTHY on stable's cases")
+    assert sidecar.first_transition_to(model, ModelState.UNHEALTHY, ModelState.HEALING) is None
+    assert (await sidecar.get("/readyz"))[0] == 200 and (await sidecar.get("/healthz"))[0] == 200
+
+
 async def test_a_version_is_pinned_by_path_header_and_grpc(same_candidate, start):
     model = same_candidate.name
     config = rollout_config(same_candidate, grpc=True, steps=(0.001, 1.0), step_min_s=600)

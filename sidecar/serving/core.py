@@ -153,7 +153,8 @@ class ServingCore:
         self._states = states
         #: Version rollouts and the router: which version answers; their decision loop runs from the
         #: app (`Rollouts.run`), the candidate's golden gate is the app's injected function.
-        self.rollouts = Rollouts(config.rollouts, metrics=metrics, clock=clock, golden_gate=golden_gate)
+        self.rollouts = Rollouts(config.rollouts, metrics=metrics, clock=clock, golden_gate=golden_gate,
+                                 states=states)
         self.router = Router(states=states, rollouts=self.rollouts, fallback=lambda: self.settings.version_fallback)
         self.shadows = ShadowCalls(limit=config.proxy.max_shadow_in_flight, timeout_s=config.proxy.upstream_timeout_s,
                                    metrics=metrics)

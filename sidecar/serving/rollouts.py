@@ -11,6 +11,12 @@ One `Rollout` per model named in `rollouts` (sidecar.config.RolloutSettings). It
         then abort)
     -> PROMOTED after the last step: every unpinned request goes to the candidate
 
+While PROGRESSING, a failed probe round confined to the candidate (its own `"version"` golden cases)
+aborts the rollout at once (`Rollouts.on_transition`): the candidate leaves service, its cases go
+back to the gate, and the model's confirmation round, on stable's cases, passes. Left to the model's
+health instead, the candidate's failure would quarantine the model and have the healer reload it,
+stable with it (Triton reloads every version of a model), for a version that had a canary's share.
+
 Decisions are taken on every observation (a compared pair, a candidate answer), and at least every
 `TICK_S` by `Rollouts.run` (time alone passes a stage). An abort is a state change in this process:
 the very next unpinned request goes to stable. Rollout state is not model state: /healthz and the
@@ -39,6 +45,7 @@ from sidecar.golden.cases import ExpectedOutput, ReceivedOutput
 from sidecar.golden.compare import Mismatch, compare_output
 from sidecar.metrics import SidecarMetrics
 from sidecar.protocol.answers import BINARY_DTYPES, AnswerTensor
+from sidecar.states import ModelState, ModelStates, Transition
 
 log = structlog.get_logger("sidecar.rollouts")
 
@@ -306,13 +313,28 @@ class Rollouts:
     """Every model's rollout, rebuilt from each (re)loaded config; the decision loop and the gate."""
 
     def __init__(self, settings: Mapping[str, RolloutSettings], *, metrics: SidecarMetrics,
-                 clock: Callable[[], float], golden_gate: GoldenGate | None = None) -> None:
+                 clock: Callable[[], float], golden_gate: GoldenGate | None = None,
+                 states: ModelStates | None = None) -> None:
         self._metrics = metrics
         self._clock = clock
         self.golden_gate = golden_gate
+        self._states = states
         self._by_model: dict[str, Rollout] = {}
         self._gates: dict[str, asyncio.Task[None]] = {}
         self.reconfigure(settings)
+        if states is not None:
+            states.add_listener(self.on_transition)
+
+    def on_transition(self, t: Transition) -> None:
+        """A probe round that failed on the candidate alone, while it serves a share: abort (see the
+        module docstring). A whole-model failure, or one after promotion, is the model's health's."""
+        if t.state_to not in (ModelState.DEGRADED, ModelState.UNHEALTHY) or self._states is None:
+            return
+        rollout, health = self._by_model.get(t.model), self._states.get(t.model)
+        if rollout is None or health is None or rollout.state is not RolloutState.PROGRESSING:
+            return
+        if health.broken_versions == {rollout.settings.candidate}:
+            rollout.abort(f"the candidate failed its golden cases at step {rollout.step + 1}: {t.cause}")
 
     def get(self, model: str) -> Rollout | None:
         return self._by_model.get(model)
