@@ -33,7 +33,7 @@ from sidecar.config import ProbesSection
 from sidecar.devtools.tritonserver import LocalTriton
 
 TARGET_RSS_MB_AT_10 = 80.0
-TARGET_CPU_SHARE_AT_10 = 0.01
+TARGET_CPU_SHARE_AT_10 = 0.005  # issue 18: ≤ 0.5 % of a core (issue 7 had 1 %)
 #: How often (s) /status is read to time probe rounds: well under the interval's ±10% jitter (0.5 s).
 CYCLE_POLL_S = 0.25
 
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         verdicts = [
             {"target": f"≤ {TARGET_RSS_MB_AT_10:g} MB RSS at 10 models", "measured": at10["rss_mb_max"],
              "met": at10["rss_mb_max"] <= TARGET_RSS_MB_AT_10},
-            {"target": f"≤ {TARGET_CPU_SHARE_AT_10:.0%} of a core at 10 models",
+            {"target": f"≤ {TARGET_CPU_SHARE_AT_10:.1%} of a core at 10 models",
              "measured": f"{at10['cpu_share_of_a_core']:.2%}",
              "met": at10["cpu_share_of_a_core"] <= TARGET_CPU_SHARE_AT_10},
         ]
