@@ -139,8 +139,8 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 if problem:
                     raise SystemExit(f"correctness check failed before measuring: {problem}")
         machine = describe_machine(triton.url)
-        machine["envoy"] = subprocess.run([envoy.binary, "--version"], capture_output=True, text=True
-                                          ).stdout.strip().splitlines()[-1][:120]
+        version = subprocess.run([envoy.binary, "--version"], capture_output=True, text=True).stdout.strip()
+        machine["envoy"] = "envoy " + version.splitlines()[-1].split("version:")[-1].strip()[:100]
         wrk = Wrk(workdir / "wrk")
         for leg in LEGS["http"]:  # warm-up: connections, the stub's first batches, the sidecar's specs
             wrk.run(f"{http[leg]}/v2/models/credit_risk/infer", body, connections=8, duration_s=1)
