@@ -8,8 +8,8 @@ One client stack: every call (readiness, metadata, config, repository index, loa
 infer and generate) goes over this client's own single aiohttp session. It used to be two (the
 `tritonclient.http.aio` client for some calls, a session of its own for the others), which meant
 two connection pools, two timeout models and two ways errors arrived, for one upstream. The
-encoding and decoding of infer bodies stay tritonclient's pure helpers (`generate_request_body`,
-`parse_response_body`: binary tensors, JSON nulls read as NaN); the HTTP is ours. The proxy's
+encoding and decoding of infer bodies are tritonclient's, redone without importing its HTTP client
+(sidecar.health.infer_body: binary tensors, JSON nulls read as NaN); the HTTP is ours. The proxy's
 traffic has its own stack (sidecar.fronts.upstream_pool), tuned for the hot path, and shares
 nothing with this one: a probe must reach Triton even while the proxy's pool is saturated.
 
@@ -27,11 +27,10 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-import numpy as np
-import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from sidecar.golden.cases import GENERATE_STREAM, GoldenCase, ReceivedOutput, request_as_arrays
+from sidecar.golden.cases import GENERATE_STREAM, GoldenCase, ReceivedOutput
+from sidecar.health.infer_body import decode_answer, encode_request
 from sidecar.messages import cut
 from sidecar.protocol.sse import EventSplitter, text_of
 from sidecar.protocol.triton_errors import (
@@ -202,9 +201,8 @@ class TritonClient:
                     return InferOutcome(status=response.status, error=error.message)
                 length = response.headers.get("Inference-Header-Content-Length")
                 try:
-                    result = triton_http.InferenceServerClient.parse_response_body(
-                        raw, header_length=int(length) if length is not None else None)
-                    return InferOutcome(status=200, outputs=_received_outputs(result))
+                    outputs = decode_answer(raw, int(length) if length is not None else None)
+                    return InferOutcome(status=200, outputs=outputs)
                 except (InferenceServerException, ValueError, KeyError, TypeError) as e:
                     raise TritonError(502, _cut(f"an answer that is not v2 JSON: {e}")) from e
 
@@ -260,22 +258,10 @@ class TritonClient:
         cached = self._bodies.get(key)
         if cached is not None:
             return cached
-        inputs = []
-        for name, datatype, array in request_as_arrays(case):
-            tensor = triton_http.InferInput(name, list(array.shape), datatype)
-            tensor.set_data_from_numpy(array, binary_data=False)
-            inputs.append(tensor)
-        outputs = [
-            triton_http.InferRequestedOutput(o["name"], binary_data=False)
-            for o in case.request.get("outputs", [])
-        ] or None
-        body, json_size = triton_http.InferenceServerClient.generate_request_body(
-            inputs, outputs=outputs, parameters=case.request.get("parameters"))
+        body = encode_request(case)
         # Identity: Triton would gzip the answer, and decompressing costs more than loopback bytes.
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
-        if json_size is not None:
-            headers["Inference-Header-Content-Length"] = str(json_size)
-        self._bodies[key] = (body if isinstance(body, bytes) else body.encode(), headers)
+        self._bodies[key] = (body, headers)
         return self._bodies[key]
 
     def _session(self) -> aiohttp.ClientSession:
@@ -304,19 +290,6 @@ def _error_message(raw: bytes) -> str:
         return _cut(str(json.loads(raw)["error"]))
     except (ValueError, KeyError, TypeError):
         return _cut(raw.decode(errors="replace")) or "(empty answer)"
-
-
-def _received_outputs(result: Any) -> dict[str, ReceivedOutput]:
-    received = {}
-    for output in result.get_response().get("outputs", []):
-        name = output["name"]
-        data = result.as_numpy(name)
-        if data is None:
-            data = np.array([], dtype=np.float64)
-        received[name] = ReceivedOutput(
-            datatype=output["datatype"], shape=tuple(output["shape"]), data=np.asarray(data)
-        )
-    return received
 
 
 def _cut(text: str) -> str:
