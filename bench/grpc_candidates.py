@@ -12,7 +12,7 @@ Candidates:
   answering a canned ModelInferResponse (no upstream): the server side alone.
 - `aio-grpc`: grpc.aio server -> grpc.aio channel to Triton (bytes passed through): the present design.
 - `sync-grpc`: synchronous server -> synchronous channel to Triton, on the pool's threads.
-- `aio-http`: grpc.aio server -> the sidecar's HTTP pool (sidecar.fronts.upstream_pool) with Triton's
+- `aio-http`: grpc.aio server -> the sidecar's HTTP pool (sidecar.upstream) with Triton's
   binary tensor extension: decode the protobuf, one HTTP request, encode the answer.
 - `sync-http`: synchronous server -> a blocking keep-alive HTTP/1.1 socket per thread (httptools-
   parsed), binary tensor extension.
@@ -47,7 +47,7 @@ from bench.machine import command_line, describe_machine, write_results
 from bench.procfs import cpu_seconds
 from bench.repository import BENCH_MODELS, credit_clones
 from sidecar.devtools.tritonserver import LocalTriton, free_port
-from sidecar.fronts.upstream_pool import UpstreamPool
+from sidecar.upstream import UpstreamPool
 
 SERVICE = "inference.GRPCInferenceService"
 CANDIDATES = ["aio-canned", "sync-canned", "aio-grpc", "sync-grpc", "aio-http", "sync-http", "sync-loop-http"]

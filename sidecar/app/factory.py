@@ -42,7 +42,6 @@ from sidecar.fronts.generate_routes import add_generate_routes
 from sidecar.fronts.grpc_server import grpc_front
 from sidecar.fronts.http_routes import add_http_routes, document_fetcher
 from sidecar.fronts.tls import ServerTls
-from sidecar.fronts.upstream_pool import UpstreamPool
 from sidecar.golden.cases import GoldenCase, aim_unversioned, cases_for_version, load_golden_dir
 from sidecar.health.healer import Healer
 from sidecar.health.probe_round import probe_model
@@ -62,6 +61,7 @@ from sidecar.serving.readiness import Readiness
 from sidecar.serving.request_rules import load_schemas
 from sidecar.serving.rollouts import GoldenGate
 from sidecar.states import ModelStates, Transition
+from sidecar.upstream import UpstreamPool
 
 log = structlog.get_logger("sidecar.app")
 
