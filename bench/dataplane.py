@@ -202,6 +202,8 @@ async def _streams(args: argparse.Namespace, round_no: int, http: dict[str, str]
                 for leg in legs[shift:] + legs[:shift]:
                     started = meter.snapshot()
                     first, total, events = await _one_stream(wire, leg, session, http, channels, payload, args.words)
+                    if events != args.words:  # one event per word, on every leg, or the figures mean nothing
+                        raise SystemExit(f"{wire} through {leg}: {events} events, expected {args.words}")
                     meter.record(started, {"first_event_ms": round(1000 * first, 3),
                                            "stream_ms": round(1000 * total, 3), "events": events},
                                  wire=wire, model=STREAM_MODEL, concurrency=1, leg=leg, round=round_no)
