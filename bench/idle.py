@@ -30,10 +30,10 @@ from bench.repository import credit_clones
 from bench.shutdown import interrupt_on_termination
 from bench.sidecar_process import SidecarProcess, sidecar_settings
 from sidecar.config import ProbesSection
-from sidecar.devtools.tritonserver import LocalTriton
+from sidecar.devtools.tritonserver import LocalTriton, free_port
 
 TARGET_RSS_MB_AT_10 = 80.0
-TARGET_CPU_SHARE_AT_10 = 0.01
+TARGET_CPU_SHARE_AT_10 = 0.005  # issue 18: ≤ 0.5 % of a core (issue 7 had 1 %)
 #: How often (s) /status is read to time probe rounds: well under the interval's ±10% jitter (0.5 s).
 CYCLE_POLL_S = 0.25
 
@@ -112,7 +112,10 @@ def run_count(count: int, args: argparse.Namespace, workdir: Path, cycle: bool) 
         started = time.monotonic()
         triton.start(timeout_s=900)
         triton_start_s = time.monotonic() - started
-        sidecar = SidecarProcess(sidecar_settings(triton, models=names, golden_dir=built.golden_dir),
+        # The benchmarks' sidecar has no gRPC front unless asked (sidecar_settings); the shipped
+        # default serves gRPC on 8081, so --grpc measures the default.
+        listen = {"grpc_port": free_port()} if args.grpc else {}
+        sidecar = SidecarProcess(sidecar_settings(triton, models=names, golden_dir=built.golden_dir, listen=listen),
                                  workdir / "sidecar")
         stack.callback(sidecar.stop)
         started = time.monotonic()
@@ -170,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds of py-spy on the sidecar at 10 models, if installed (default 30; 0: none)")
     parser.add_argument("--cycle-seconds", type=float, default=60.0,
                         help="probe-cycle timing at the largest count (default 60; 0 skips it)")
+    parser.add_argument("--grpc", action="store_true",
+                        help="with the gRPC front on, as the shipped default (listen.grpc_port 8081)")
     args = parser.parse_args(argv)
     interrupt_on_termination()
     counts = sorted(int(c) for c in args.models.split(","))
@@ -187,12 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         verdicts = [
             {"target": f"≤ {TARGET_RSS_MB_AT_10:g} MB RSS at 10 models", "measured": at10["rss_mb_max"],
              "met": at10["rss_mb_max"] <= TARGET_RSS_MB_AT_10},
-            {"target": f"≤ {TARGET_CPU_SHARE_AT_10:.0%} of a core at 10 models",
+            {"target": f"≤ {TARGET_CPU_SHARE_AT_10:.1%} of a core at 10 models",
              "measured": f"{at10['cpu_share_of_a_core']:.2%}",
              "met": at10["cpu_share_of_a_core"] <= TARGET_CPU_SHARE_AT_10},
         ]
     result = {"benchmark": "idle", "command": command_line(), "machine": machine,
               "settings": {"seconds": args.seconds, "models": counts, "cycle_seconds": args.cycle_seconds,
+                           "grpc_front": args.grpc,
                            "probes": "defaults (interval 5 s, jitter 0.1, timeout 2 s)", "golden_cases_per_model": 3},
               "rows": rows, "verdicts": verdicts}
     table = markdown(result)

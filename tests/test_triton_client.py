@@ -1,6 +1,7 @@
-"""The health side's Triton client on its one aiohttp session, against the real shared Triton: every
-call answers as tritonclient's did, and failures come out typed (TritonError with Triton's status and
-words, TritonUnavailable for no connection, TritonTimeout for no answer in time)."""
+"""The health side's Triton client (the probes' calls on a pool of its own, the rest on one aiohttp
+session), against the real shared Triton: every call answers as tritonclient's did, and failures
+come out typed (TritonError with Triton's status and words, TritonUnavailable for no connection,
+TritonTimeout for no answer in time)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from sidecar.protocol.triton_errors import TritonError, TritonTimeout, TritonUna
 from tests.harness import GOLDEN
 
 
-async def test_every_call_answers_over_one_session(triton):
+async def test_every_call_answers_the_probes_on_one_kept_alive_connection_the_rest_on_one_session(triton):
     client = TritonClient(triton.url, timeout_s=5.0)
     try:
         assert await client.server_live() and await client.server_ready()
@@ -30,7 +31,10 @@ async def test_every_call_answers_over_one_session(triton):
         assert outcome.status == 200 and outcome.outputs
         session = client._http
         await client.server_ready()
-        assert client._http is session and session is not None, "one session for every call"
+        assert client._http is session and session is not None, "one session for the other calls"
+        # One probe call after another: readiness, metadata and golden infer all reused one connection.
+        assert client._pool.connections_opened == 1 and client._pool.reused >= 5, (
+            client._pool.connections_opened, client._pool.reused)
     finally:
         await client.close()
 

@@ -22,8 +22,8 @@ import pytest
 
 from sidecar.devtools.tritonserver import LocalTriton, free_port
 from sidecar.fronts.appkeys import UPSTREAM_POOL
-from sidecar.fronts.upstream_pool import UpstreamDropped, UpstreamPool, UpstreamUnreachable
 from sidecar.states import ModelState
+from sidecar.upstream import UpstreamDropped, UpstreamPool, UpstreamUnreachable
 from tests.harness import REPO, start_sidecar, stop_sidecar, triton_post, wait_for
 from tests.proxy_support import binary_request, credit_json, decode_answer, proxy_config, started_and_healthy
 

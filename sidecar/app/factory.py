@@ -39,10 +39,8 @@ from sidecar.fronts.appkeys import (
     WATCH,
 )
 from sidecar.fronts.generate_routes import add_generate_routes
-from sidecar.fronts.grpc_server import grpc_front
 from sidecar.fronts.http_routes import add_http_routes, document_fetcher
 from sidecar.fronts.tls import ServerTls
-from sidecar.fronts.upstream_pool import UpstreamPool
 from sidecar.golden.cases import GoldenCase, aim_unversioned, cases_for_version, load_golden_dir
 from sidecar.health.healer import Healer
 from sidecar.health.probe_round import probe_model
@@ -62,6 +60,7 @@ from sidecar.serving.readiness import Readiness
 from sidecar.serving.request_rules import load_schemas
 from sidecar.serving.rollouts import GoldenGate
 from sidecar.states import ModelStates, Transition
+from sidecar.upstream import UpstreamPool
 
 log = structlog.get_logger("sidecar.app")
 
@@ -138,7 +137,12 @@ def create_app(
     app.cleanup_ctx.append(_monitors)
     app.cleanup_ctx.append(_rollouts)
     # Last in, first out: the gRPC server stops (and drains) before the monitors and sessions.
-    app.cleanup_ctx.append(grpc_front)
+    if config.listen.grpc_port:
+        # Imported only with a gRPC port: its protobuf stubs (tritonclient.grpc, grpc.health.v1) are
+        # about 4 MB of RSS an HTTP-only sidecar never needs (issue 18's idle budget).
+        from sidecar.fronts.grpc_server import grpc_front
+
+        app.cleanup_ctx.append(grpc_front)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)

@@ -23,10 +23,10 @@ from sidecar.fronts.appkeys import (
     TRITON_METRICS_POOL,
     WATCH,
 )
-from sidecar.fronts.upstream_pool import UpstreamError
 from sidecar.health.reload import LiveConfig
 from sidecar.health.supervisor import ModelSupervisor
 from sidecar.health.tasks import CrashRecord
+from sidecar.upstream import UpstreamError
 
 log = structlog.get_logger("sidecar.app")
 

@@ -7,7 +7,6 @@ from aiohttp import web
 
 from sidecar.config import SidecarConfig
 from sidecar.fronts.tls import ServerTls
-from sidecar.fronts.upstream_pool import UpstreamPool
 from sidecar.health.healer import Healer
 from sidecar.health.prober import Prober
 from sidecar.health.reload import LiveConfig
@@ -19,6 +18,7 @@ from sidecar.serving.core import ServingCore
 from sidecar.serving.lifecycle import Lifecycle
 from sidecar.serving.readiness import Readiness
 from sidecar.states import ModelStates
+from sidecar.upstream import UpstreamPool
 
 #: The configuration the process started with: what only a restart changes (listen, triton, proxy,
 #: logging, golden_dir) is read here. Settings that reload are read from LIVE.

@@ -36,7 +36,6 @@ from sidecar.fronts.http_routes import (
     model_path,
     upstream_failure,
 )
-from sidecar.fronts.upstream_pool import UpstreamError, UpstreamStream
 from sidecar.messages import cut
 from sidecar.protocol.sse import EventSplitter, sse_event
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
@@ -54,6 +53,7 @@ from sidecar.serving.specs import triton_error_message
 from sidecar.serving.streaming import EventVerdict
 from sidecar.serving.telemetry import RequestContext
 from sidecar.serving.validation import ModelSpec
+from sidecar.upstream import UpstreamError, UpstreamStream
 
 #: Largest error answer read from Triton before a stream begins (its error bodies are one line).
 MAX_ERROR_BODY = 64 * 1024

@@ -27,7 +27,6 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from sidecar.fronts.appkeys import DOCUMENT_POOL, READINESS, SERVING, STATES, UPSTREAM_POOL, WATCH
 from sidecar.fronts.tls import subject_of
-from sidecar.fronts.upstream_pool import UpstreamDropped, UpstreamError, UpstreamPool, UpstreamUnreachable
 from sidecar.messages import cut
 from sidecar.protocol.answers import AnswerTensor, answer_tensors
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
@@ -39,6 +38,7 @@ from sidecar.serving.routing import VERSION_HEADER
 from sidecar.serving.specs import FetchDocument, triton_error_message
 from sidecar.serving.telemetry import HTTP, RequestContext
 from sidecar.serving.validation import CheckedRequest, ModelSpec, validate_infer_request
+from sidecar.upstream import UpstreamDropped, UpstreamError, UpstreamPool, UpstreamUnreachable
 
 log = structlog.get_logger("sidecar.proxy")
 

@@ -1,4 +1,6 @@
-"""The proxy's connections to Triton: a small HTTP/1.1 client pool over asyncio protocols, httptools-parsed.
+"""Connections to Triton: a small HTTP/1.1 client pool over asyncio protocols, httptools-parsed. The
+proxy has one (sidecar.fronts), the probes another (sidecar.health.triton_client): a probe must get
+through while the proxy's pool is saturated.
 
 aiohttp's ClientSession was about a third of the sidecar's CPU per proxied request (bench/RESULTS.md):
 request and response objects, header multidicts, a stream reader and a timer per call. A proxy that

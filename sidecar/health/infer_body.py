@@ -1,0 +1,110 @@
+"""A golden case's infer request encoded, and Triton's answer decoded, byte for byte as tritonclient's
+HTTP client does it (`InferInput.set_data_from_numpy(binary_data=False)` + `generate_request_body`;
+`parse_response_body` + `InferResult.as_numpy`), without importing `tritonclient.http`.
+
+Why not tritonclient's own: importing `tritonclient.http` imports its HTTP client too, and with it
+gevent, geventhttpclient, greenlet and zope: about 10 MB of resident memory for a client the sidecar
+never uses (its HTTP is aiohttp's and its own pool), a seventh of issue 18's 80 MB idle budget. The
+dtype tables and the BYTES decoding are still tritonclient's (`tritonclient.utils`, no gevent), so a
+probe sees the same arrays as before: JSON nulls read as NaN, binary outputs (Triton answers all
+outputs in binary when the case names none) decoded by datatype, BYTES as an object array.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import rapidjson
+from tritonclient.utils import (
+    TRITON_RESERVED_REQUEST_PARAMS,
+    TRITON_RESERVED_REQUEST_PARAMS_PREFIX,
+    deserialize_bytes_tensor,
+    np_to_triton_dtype,
+    raise_error,
+    triton_to_np_dtype,
+)
+
+from sidecar.golden.cases import GoldenCase, ReceivedOutput, request_as_arrays
+
+
+def encode_request(case: GoldenCase) -> bytes:
+    """The case's request as one JSON body (every tensor in JSON, none binary); raises
+    tritonclient's InferenceServerException where tritonclient would (a datatype the array does not
+    have, BF16 or non-UTF-8 BYTES in JSON, a reserved request parameter)."""
+    request: dict[str, Any] = {"inputs": [_input(name, datatype, array)
+                                          for name, datatype, array in request_as_arrays(case)]}
+    parameters: dict[str, Any] = {}
+    outputs = case.request.get("outputs", [])
+    if outputs:
+        request["outputs"] = [{"name": o["name"], "parameters": {"binary_data": False}} for o in outputs]
+    else:
+        parameters["binary_data_output"] = True  # as tritonclient asks when no output is named
+    for key, value in (case.request.get("parameters") or {}).items():
+        if key in TRITON_RESERVED_REQUEST_PARAMS or key.startswith(TRITON_RESERVED_REQUEST_PARAMS_PREFIX):
+            raise_error(f'Parameter "{key}" is a reserved parameter and cannot be specified.')
+        parameters[key] = value
+    if parameters:
+        request["parameters"] = parameters
+    return rapidjson.dumps(request).encode()  # tritonclient's encoder too: same bytes
+
+
+def _input(name: str, datatype: str, array: np.ndarray) -> dict[str, Any]:
+    got = np_to_triton_dtype(array.dtype)
+    if got != datatype:
+        raise_error(f"got unexpected datatype {got} from numpy array, expected {datatype}.")
+    if datatype == "BF16":
+        raise_error("BF16 inputs must be sent as binary data over HTTP. Please set binary_data=True")
+    if datatype != "BYTES":
+        data: list[Any] = [value.item() for value in array.flatten()]
+    else:
+        data = []
+        for value in array.flatten():  # C order, as tritonclient's np.nditer
+            if isinstance(value, bytes):
+                try:
+                    data.append(str(value, encoding="utf-8"))
+                except UnicodeDecodeError:
+                    raise_error(f'Failed to encode "{value!r}" using UTF-8. Please use binary_data=True, if'
+                                " you want to pass a byte array.")
+            else:
+                data.append(str(value))
+    return {"name": name, "shape": list(array.shape), "datatype": datatype, "data": data}
+
+
+def decode_answer(body: bytes, header_length: int | None) -> dict[str, ReceivedOutput]:
+    """Every output of a 200 answer (JSON, or a JSON header of `header_length` bytes + binary
+    sections). Raises ValueError, KeyError or TypeError for an answer that is not v2 (the caller's
+    502), as tritonclient's parser did."""
+    header = body if header_length is None else body[:header_length]
+    result = rapidjson.loads(header)
+    if not isinstance(result, dict):
+        raise TypeError(f"the answer is a JSON {type(result).__name__}, not an object")
+    buffer = b"" if header_length is None else body[header_length:]
+    offsets: dict[str, int] = {}
+    if header_length is not None:
+        at = 0
+        for output in result["outputs"]:
+            size = (output.get("parameters") or {}).get("binary_data_size")
+            if size is not None:
+                offsets[output["name"]] = at
+                at += size
+    received = {}
+    for output in result.get("outputs", []):
+        received[output["name"]] = ReceivedOutput(datatype=output["datatype"], shape=tuple(output["shape"]),
+                                                  data=np.asarray(_values(output, buffer, offsets)))
+    return received
+
+
+def _values(output: dict[str, Any], buffer: bytes, offsets: dict[str, int]) -> np.ndarray:
+    datatype = output["datatype"]
+    size = (output.get("parameters") or {}).get("binary_data_size")
+    if size is None:
+        values = np.array(output["data"], dtype=triton_to_np_dtype(datatype))
+    elif size == 0:
+        values = np.empty(0, dtype=triton_to_np_dtype(datatype))
+    else:
+        start = offsets[output["name"]]
+        chunk = buffer[start:start + size]
+        values = (deserialize_bytes_tensor(chunk) if datatype == "BYTES"
+                  else np.frombuffer(chunk, dtype=triton_to_np_dtype(datatype)))
+    return values.reshape(output["shape"])
