@@ -5,6 +5,7 @@ never reach Triton, streams pass each response as it comes, and the health servi
 from __future__ import annotations
 
 import asyncio
+import queue
 import shutil
 import time
 from dataclasses import replace
@@ -298,6 +299,32 @@ def _stream_call(channel: grpc.aio.Channel, metadata=()):  # type: ignore[no-unt
                                  response_deserializer=pb.ModelStreamInferResponse.FromString)(metadata=metadata)
 
 
+class SyncStream:
+    """A ModelStreamInfer call on grpcio's synchronous client, for tests whose stream the sidecar ends
+    while the client may be writing: grpc.aio's client then replaces the server's status with
+    INTERNAL "Internal error from Core" (grpc/grpc#36066), the synchronous one reports it. Call
+    `exchange` through asyncio.to_thread: the sidecar under test runs on this test's event loop."""
+
+    def __init__(self, target: str) -> None:
+        self.channel = grpc.insecure_channel(target)
+        self._requests: queue.Queue[pb.ModelInferRequest | None] = queue.Queue()
+        call = self.channel.stream_stream(f"/{SERVICE}/ModelStreamInfer",
+                                          request_serializer=pb.ModelInferRequest.SerializeToString,
+                                          response_deserializer=pb.ModelStreamInferResponse.FromString)
+        # The call's deadline bounds a test that goes wrong: a read never waits longer.
+        self._responses = call(iter(self._requests.get, None), timeout=60)
+
+    def exchange(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+        """Write one request and read the next response; grpc.RpcError (with the server's status
+        and trailing metadata) once the stream has ended."""
+        self._requests.put(request)
+        return next(self._responses)
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self.channel.close()
+
+
 def _credit_request(model: str, x: np.ndarray, request_id: str = "") -> pb.ModelInferRequest:
     tensor = pb.ModelInferRequest.InferInputTensor(name="features", datatype="FP32", shape=list(x.shape))
     return pb.ModelInferRequest(model_name=model, id=request_id, inputs=[tensor],
@@ -311,27 +338,28 @@ async def test_a_quarantine_that_begins_mid_stream_ends_the_stream_unavailable(t
     x = features(rows=2, seed=9)
     values: list[np.ndarray] = []
     in_stream_errors: list[str] = []
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{config.listen.grpc_port}") as channel:
-        call = _stream_call(channel)
+    stream = SyncStream(f"127.0.0.1:{config.listen.grpc_port}")
+    ended: grpc.RpcError | None = None
+    try:
         for i in range(3):
-            await call.write(_credit_request(model, x, f"before-{i}"))
-            answer = await asyncio.wait_for(call.read(), 10)
+            answer = await asyncio.to_thread(stream.exchange, _credit_request(model, x, f"before-{i}"))
             values.append(np.frombuffer(answer.infer_response.raw_output_contents[0], dtype="<f4"))
         fresh_model.inject("nan")
         deadline = time.monotonic() + 30
-        try:
-            while time.monotonic() < deadline:
-                await call.write(_credit_request(model, x))
-                answer = await asyncio.wait_for(call.read(), 10)
-                if answer.error_message:
-                    in_stream_errors.append(answer.error_message)
-                else:
-                    values.append(np.frombuffer(answer.infer_response.raw_output_contents[0], dtype="<f4"))
-                await asyncio.sleep(0.02)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            pass  # the stream ended: its status says why
-        code, trailing = await call.code(), dict(await call.trailing_metadata() or ())
-    assert code is grpc.StatusCode.UNAVAILABLE, (code, await call.details())
+        while time.monotonic() < deadline:
+            answer = await asyncio.to_thread(stream.exchange, _credit_request(model, x))
+            if answer.error_message:
+                in_stream_errors.append(answer.error_message)
+            else:
+                values.append(np.frombuffer(answer.infer_response.raw_output_contents[0], dtype="<f4"))
+            await asyncio.sleep(0.02)
+    except grpc.RpcError as e:
+        ended = e  # the stream ended: its status says why
+    finally:
+        stream.close()
+    assert ended is not None, "the stream outlived the quarantine"
+    code, trailing = ended.code(), dict(ended.trailing_metadata() or ())
+    assert code is grpc.StatusCode.UNAVAILABLE, (code, ended.details())
     assert trailing["x-sidecar-reason"] == "quarantined" and "grpc-retry-pushback-ms" in trailing, trailing
     assert all(np.isfinite(v).all() for v in values), "a NaN answer passed on the stream"
     assert all("[non_finite_output]" in e for e in in_stream_errors), in_stream_errors
@@ -406,20 +434,18 @@ async def test_triton_killed_answers_unavailable_and_ends_open_streams(own_trito
     sidecar = await started_and_healthy(start, config)
     target = f"127.0.0.1:{config.listen.grpc_port}"
     request = _credit_request("credit_risk", features(rows=1, seed=6))
-    async with grpc.aio.insecure_channel(target) as channel:
-        call = _stream_call(channel)
-        await call.write(request)
-        assert not (await asyncio.wait_for(call.read(), 10)).error_message
+    stream = SyncStream(target)
+    try:
+        assert not (await asyncio.to_thread(stream.exchange, request)).error_message
         own_triton.kill()
         code, details, trailing, _ = await _raw_call(target, "ModelInfer", request.SerializeToString())
         assert code is grpc.StatusCode.UNAVAILABLE, details
         assert trailing["x-sidecar-reason"] in ("triton_unreachable", "quarantined", "model_unavailable"), trailing
-        try:
-            await call.write(request)
-            await asyncio.wait_for(call.read(), 10)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            pass
-        assert await asyncio.wait_for(call.code(), 10) is grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(grpc.RpcError) as ended:
+            await asyncio.to_thread(stream.exchange, request)
+        assert ended.value.code() is grpc.StatusCode.UNAVAILABLE, ended.value.details()
+    finally:
+        stream.close()
     await wait_for(lambda: sidecar.app[LIFECYCLE].in_flight == 0, 2, what="nothing left in flight")
 
 
