@@ -26,6 +26,7 @@ import aiohttp
 
 from bench.procfs import cpu_seconds
 from bench.sidecar_process import SidecarProcess, sidecar_settings
+from bench.stream_load import sse_stream
 from sidecar.devtools.tritonserver import LocalTriton
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,22 +34,6 @@ OUT = REPO / "bench" / "out"
 MODEL = "text_echo"
 TARGET_FIRST_EVENT_MS = 1.0
 TARGET_CPU_PER_EVENT_MS = 0.1
-
-
-async def one_stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[float, float, int]:
-    """(seconds to the first event, seconds to the end, events) of one stream."""
-    started = time.perf_counter()
-    first, events, buffer = 0.0, 0, b""
-    async with session.post(url, json=body) as response:
-        assert response.status == 200, await response.text()
-        async for chunk in response.content.iter_any():
-            buffer += chunk
-            while b"\n\n" in buffer:
-                _, buffer = buffer.split(b"\n\n", 1)
-                if not events:
-                    first = time.perf_counter() - started
-                events += 1
-    return first, time.perf_counter() - started, events
 
 
 async def measure(triton_url: str, sidecar_url: str, sidecar_pid: int, streams: int, words: int) -> dict[str, Any]:
@@ -59,12 +44,12 @@ async def measure(triton_url: str, sidecar_url: str, sidecar_pid: int, streams: 
     wall = {"direct": 0.0, "sidecar": 0.0}
     async with aiohttp.ClientSession() as session:
         for url in (triton_url, sidecar_url):  # warm-up: connections, specs
-            await one_stream(session, url + path, body)
+            await sse_stream(session, url + path, body)
         for i in range(streams * 2):
             leg = "direct" if i % 2 == 0 else "sidecar"
             url = triton_url if leg == "direct" else sidecar_url
             before, started = cpu_seconds(sidecar_pid), time.perf_counter()
-            results[leg].append(await one_stream(session, url + path, body))
+            results[leg].append(await sse_stream(session, url + path, body))
             cpu[leg] += cpu_seconds(sidecar_pid) - before
             wall[leg] += time.perf_counter() - started
     summary: dict[str, Any] = {}

@@ -25,12 +25,13 @@ def sse_body(words: int) -> dict[str, Any]:
     return {"text_input": " ".join(f"w{i}" for i in range(words)), "max_tokens": words}
 
 
-async def one_sse_stream(session: aiohttp.ClientSession, base_url: str, words: int) -> tuple[float, float, int]:
+async def sse_stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[float, float, int]:
+    """(seconds to the first event, seconds to the end, events) of one generate_stream call."""
     started = time.perf_counter()
     first, events, buffer = 0.0, 0, b""
-    async with session.post(f"{base_url}/v2/models/{MODEL}/generate_stream", json=sse_body(words)) as response:
+    async with session.post(url, json=body) as response:
         if response.status != 200:
-            raise RuntimeError(f"{base_url}: generate_stream answered {response.status}: {await response.text()}")
+            raise RuntimeError(f"{url}: generate_stream answered {response.status}: {await response.text()}")
         async for chunk in response.content.iter_any():
             buffer += chunk
             while b"\n\n" in buffer:
@@ -39,6 +40,10 @@ async def one_sse_stream(session: aiohttp.ClientSession, base_url: str, words: i
                     first = time.perf_counter() - started
                 events += 1
     return first, time.perf_counter() - started, events
+
+
+async def one_sse_stream(session: aiohttp.ClientSession, base_url: str, words: int) -> tuple[float, float, int]:
+    return await sse_stream(session, f"{base_url}/v2/models/{MODEL}/generate_stream", sse_body(words))
 
 
 def stream_request(words: int) -> pb.ModelInferRequest:
