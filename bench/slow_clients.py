@@ -29,11 +29,11 @@ from typing import Any
 
 from bench.machine import command_line, describe_machine, keep_logs, write_results
 from bench.procfs import open_fds
+from bench.repository import EXAMPLES, copy_golden, copy_model
 from bench.shutdown import interrupt_on_termination
 from bench.sidecar_process import SidecarProcess, sidecar_settings
 from sidecar.devtools.tritonserver import LocalTriton
 
-REPO = Path(__file__).resolve().parent.parent
 MODEL = "credit_risk"
 PATH = f"/v2/models/{MODEL}/infer".encode()
 BODY = json.dumps({"inputs": [{"name": "features", "shape": [1, 128], "datatype": "FP32",
@@ -158,10 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     interrupt_on_termination()
     scratch = Path(tempfile.mkdtemp(prefix="bench-slow-clients-"))
-    repository = scratch / "models"
-    shutil.copytree(REPO / "examples" / "model_repository" / MODEL, repository / MODEL)
-    golden = scratch / "golden"
-    shutil.copytree(REPO / "golden_requests" / MODEL, golden / MODEL)
+    repository, golden = scratch / "models", scratch / "golden"
+    copy_model(EXAMPLES / MODEL, repository, MODEL)
+    copy_golden(MODEL, golden, MODEL)
     triton = LocalTriton(model_repository=repository, models=[MODEL], workdir=scratch / "triton")
     sidecar: SidecarProcess | None = None
     try:
