@@ -43,6 +43,10 @@ class TritonSection:
     repository_token: str = field(default="", repr=False)
 
 
+#: The event loops `listen.event_loop` may name.
+EVENT_LOOPS = ("uvloop", "asyncio")
+
+
 @dataclass(frozen=True)
 class ListenSection:
     host: str = "0.0.0.0"  # noqa: S104 - the pod's one exposed port
@@ -52,6 +56,11 @@ class ListenSection:
     #: Answer POST .../infer on the httptools path (sidecar/http_listener.py), a fraction of aiohttp's
     #: CPU per request; off = every request through aiohttp (same answers; kept as an escape hatch).
     fast_infer: bool = True
+    #: The event loop the sidecar serves on: "uvloop" (libuv; the bare wire costs 30-40 % less CPU per
+    #: proxied request than on asyncio's own loop, the whole sidecar up to 18 % less, bench/RESULTS.md
+    #: §1f) or "asyncio" (the standard library's; an escape hatch, same answers). With TLS on the
+    #: sidecar serves on asyncio's loop whatever this says (sidecar/cli/run.py: event_loop_of).
+    event_loop: str = "uvloop"
     #: > 0: a plaintext port serving only /healthz, /readyz and /metrics. With TLS (and above all
     #: mutual TLS) on, the kubelet and Prometheus cannot present a client certificate; 0 = none.
     probe_port: int = 0
@@ -470,7 +479,8 @@ CONFIG_SCHEMA: dict[str, Any] = {
             repository_token=_STR,
         ),
         "listen": _section(host={"type": "string", "minLength": 1}, port=_int(1, 65535),
-                           grpc_port=_int(0, 65535), fast_infer={"type": "boolean"}, probe_port=_int(0, 65535),
+                           grpc_port=_int(0, 65535), fast_infer={"type": "boolean"},
+                           event_loop={"enum": list(EVENT_LOOPS)}, probe_port=_int(0, 65535),
                            header_timeout_s=_POSITIVE, keepalive_timeout_s=_POSITIVE, max_url_bytes=_int(16),
                            max_header_bytes=_int(64), max_headers=_int(1), max_connections=_int(1),
                            lingering_time_s=_num(minimum=0), lingering_timeout_s=_num(minimum=0),

@@ -3,17 +3,28 @@ break a model, and a fresh Triton for those that break the server."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import uvloop
 
 from sidecar.devtools.tritonserver import LocalTriton
 from tests.harness import EXAMPLES, FreshModel, RunningSidecar, start_sidecar, stop_sidecar
 
 EXAMPLE_MODELS = ["credit_risk", "image_classifier", "text_echo"]
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], Any]]:
+    """The tests' event loop is the one `run` serves on (sidecar.cli.run.event_loop_of): uvloop by
+    default, asyncio's own in modules that set SERVES_ON_ASYNCIO_LOOP (TLS on)."""
+    if getattr(item.module, "SERVES_ON_ASYNCIO_LOOP", False):  # type: ignore[attr-defined]
+        return {"asyncio": asyncio.new_event_loop}
+    return {"uvloop": uvloop.new_event_loop}
 
 
 def _repository_copy(root: Path) -> Path:

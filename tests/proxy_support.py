@@ -20,6 +20,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from sidecar.app.factory import create_app
+from sidecar.cli.run import loop_factory
 from sidecar.config import FilterRule, SidecarConfig
 from sidecar.devtools.tritonserver import LocalTriton
 from sidecar.fronts.http_listener import SidecarListener
@@ -123,7 +124,7 @@ class SidecarThread:
 
     def __init__(self, config: SidecarConfig) -> None:
         self.config = config
-        self.loop = asyncio.new_event_loop()
+        self.loop = loop_factory(config)()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.sidecar: RunningSidecar | None = None
 

@@ -54,6 +54,10 @@ from tests.tls_support import (
 
 ALLOWED_SAN = "spiffe://bank.example/ns/fraud/sa/scorer"
 
+#: With TLS on, `run` serves on asyncio's own loop (sidecar.cli.run.event_loop_of): so do these tests
+#: (tests/conftest.py: pytest_asyncio_loop_factories).
+SERVES_ON_ASYNCIO_LOOP = True
+
 
 @pytest.fixture(scope="module")
 def ca() -> Issued:

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sidecar.cli.arguments import EXIT_OK, REPO_ROOT, UsageError
-from sidecar.cli.run import serve
+from sidecar.cli.run import run_on_loop, serve
 from sidecar.config import load_config
 from sidecar.golden.cases import load_golden_dir
 from sidecar.logs import configure_logging
@@ -70,7 +70,7 @@ Ctrl-C stops both.
 
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(run_demo())
+            run_on_loop(run_demo(), config)
     finally:
         triton.stop()
     return EXIT_OK

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -31,8 +33,31 @@ def load_everything(config_path: Path | None) -> tuple[SidecarConfig, dict]:
 def cmd_run(args: argparse.Namespace) -> int:
     config, golden = load_everything(args.config)
     configure_logging(format=config.logging.format, level=config.logging.level)
-    asyncio.run(serve(config, golden, config_path=args.config))
+    run_on_loop(serve(config, golden, config_path=args.config), config)
     return EXIT_OK
+
+
+def event_loop_of(config: SidecarConfig) -> str:
+    """The event loop the sidecar serves on: `listen.event_loop`, but asyncio's own with TLS on. The
+    listener hands each connection to TLS itself (fronts/tls.py: start_tls, to count handshake
+    failures by reason and check SANs before a byte is served); uvloop starts reading a new
+    connection before start_tls can take it over, so the ClientHello would reach the wrong protocol."""
+    return "asyncio" if config.tls.enabled else config.listen.event_loop
+
+
+def loop_factory(config: SidecarConfig) -> Callable[[], asyncio.AbstractEventLoop]:
+    """A factory of the loop `event_loop_of(config)` names."""
+    if event_loop_of(config) == "uvloop":
+        import uvloop  # imported here: `check`, `validate` and `record` run on asyncio's loop
+
+        return uvloop.new_event_loop  # type: ignore[no-any-return]
+    return asyncio.new_event_loop
+
+
+def run_on_loop(main: Coroutine[Any, Any, None], config: SidecarConfig) -> None:
+    """Run `main` to its end on a new loop of the kind `event_loop_of(config)` names."""
+    with asyncio.Runner(loop_factory=loop_factory(config)) as runner:
+        runner.run(main)
 
 
 async def serve(config: SidecarConfig, golden: dict, *, stop: asyncio.Event | None = None,
@@ -48,7 +73,8 @@ async def serve(config: SidecarConfig, golden: dict, *, stop: asyncio.Event | No
         await probes.start(config.listen.host, config.listen.probe_port)
     log.info("sidecar_started", version=__version__, listen=f"{config.listen.host}:{config.listen.port}",
              triton=config.triton.url, config=config.source, tls=config.tls.enabled,
-             mutual_tls=bool(config.tls.client_ca_file), probe_port=config.listen.probe_port or None)
+             mutual_tls=bool(config.tls.client_ca_file), probe_port=config.listen.probe_port or None,
+             event_loop=event_loop_of(config))
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
