@@ -74,6 +74,17 @@ def _proxy_pids(sidecar: SidecarProcess, envoy: EnvoyPlain, nginx: NginxProxy) -
             "nginx": lambda: [nginx.pid, *children(nginx.pid)]}
 
 
+def start_yardsticks(stack: contextlib.ExitStack, triton: LocalTriton, workdir: Path) -> tuple[EnvoyPlain, NginxProxy]:
+    """A plain Envoy and nginx in front of `triton`, each stopped when `stack` closes."""
+    envoy = EnvoyPlain(http_upstream=triton.ports.http, grpc_upstream=triton.ports.grpc, workdir=workdir / "envoy")
+    stack.callback(envoy.stop)
+    envoy.start()
+    nginx = NginxProxy(upstream_port=triton.ports.http, workdir=workdir / "nginx")
+    stack.callback(nginx.stop)
+    nginx.start()
+    return envoy, nginx
+
+
 class Meter:
     """CPU of every proxy (all its processes) and wall time around one run; each run a row of `runs`."""
 
@@ -114,12 +125,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             logging={"format": "json", "level": "info"}), workdir / "sidecar")
         stack.callback(sidecar.stop)
         sidecar.start()
-        envoy = EnvoyPlain(http_upstream=triton.ports.http, grpc_upstream=triton.ports.grpc, workdir=workdir / "envoy")
-        stack.callback(envoy.stop)
-        envoy.start()
-        nginx = NginxProxy(upstream_port=triton.ports.http, workdir=workdir / "nginx")
-        stack.callback(nginx.stop)
-        nginx.start()
+        envoy, nginx = start_yardsticks(stack, triton, workdir)
         pids = _proxy_pids(sidecar, envoy, nginx)
         http = {"direct": triton.url, "sidecar": sidecar.url, "envoy": envoy.url, "nginx": nginx.url}
         grpc_targets = {"direct": f"127.0.0.1:{triton.ports.grpc}", "sidecar": f"127.0.0.1:{grpc_port}",

@@ -38,11 +38,9 @@ from typing import Any
 
 import httptools
 
-from bench.dataplane import MODELS
-from bench.envoy import EnvoyPlain
+from bench.dataplane import MODELS, start_yardsticks
 from bench.inference import features, json_request
 from bench.machine import command_line, describe_machine, keep_logs, write_results
-from bench.nginx import NginxProxy
 from bench.procfs import children, cpu_seconds
 from bench.repository import BENCH_MODELS, credit_clones
 from bench.sidecar_process import CREDIT_FILTER_RULE, SidecarProcess, sidecar_settings
@@ -226,12 +224,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             stack.callback(sidecar.stop)
             sidecar.start()
             urls[kind], pids[kind] = sidecar.url, (lambda s=sidecar: [s.pid])
-        envoy = EnvoyPlain(http_upstream=triton.ports.http, grpc_upstream=triton.ports.grpc, workdir=workdir / "envoy")
-        stack.callback(envoy.stop)
-        envoy.start()
-        nginx = NginxProxy(upstream_port=triton.ports.http, workdir=workdir / "nginx")
-        stack.callback(nginx.stop)
-        nginx.start()
+        envoy, nginx = start_yardsticks(stack, triton, workdir)
         urls["envoy"], pids["envoy"] = envoy.url, lambda: [envoy.pid]
         urls["nginx"], pids["nginx"] = nginx.url, lambda: [nginx.pid, *children(nginx.pid)]
         wrk = Wrk(workdir / "wrk")
