@@ -15,6 +15,9 @@ on credit_risk_2ms and near-free credit_risk, the legs' order rotating each roun
 - `sidecar`: `triton-sidecar run` with every check on, as in bench.dataplane (validation with NaN
   refusal, output filtering, quarantine, breaker, metrics, the sampled access log), on uvloop.
 - `sidecar-asyncio`: the same with `listen.event_loop: asyncio`.
+- `sidecar-unchecked`: the sidecar on uvloop with its two costliest checks made free, as if they were
+  compiled: request validation accepts at once and the answer goes out unscreened (`run-unchecked`,
+  a benchmark-only launcher; nothing ships like this). What is left is the chain's bookkeeping.
 - `envoy` (bench/envoy.py, --concurrency 1, router only) and `nginx` (1 worker, upstream keep-alive).
 
 CPU is each leg's processes from /proc around its run, net of the leg's idle rate (the sidecar's probes,
@@ -49,7 +52,8 @@ from sidecar.devtools.tritonserver import LocalTriton, free_port
 from sidecar.upstream import UpstreamPool
 
 BARE = ["bare-uvloop", "bare-asyncio", "chain-uvloop"]
-LEGS = [*BARE, "sidecar", "sidecar-asyncio", "envoy", "nginx"]
+SIDECARS = {"sidecar": "uvloop", "sidecar-asyncio": "asyncio", "sidecar-unchecked": "uvloop"}
+LEGS = [*BARE, *SIDECARS, "envoy", "nginx"]
 CONCURRENCY = [1, 8]
 
 
@@ -180,6 +184,20 @@ def serve(kind: str, port: int, triton_port: int) -> None:
         runner.run(main())
 
 
+def run_unchecked(argv: list[str]) -> int:
+    """`triton-sidecar ARGV` with request validation and answer screening made free (benchmark only)."""
+    from sidecar.cli.main import main as sidecar_main
+    from sidecar.fronts import http_routes
+    from sidecar.serving.filtering import ScreenedResponse
+    from sidecar.serving.validation import CheckedRequest
+
+    http_routes.validate_infer_request = lambda spec, body, header_length=None: CheckedRequest(  # type: ignore[assignment]
+        elements=0, requested_outputs=(), binary=header_length is not None)
+    http_routes.screen_infer_response = lambda body, header_length, **_: ScreenedResponse(  # type: ignore[assignment]
+        body, header_length)
+    return sidecar_main(argv)
+
+
 # -- the benchmark ---------------------------------------------------------------------------------------
 
 def _wait_answering(url: str, body: bytes, timeout_s: float = 30) -> None:
@@ -216,11 +234,13 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             stack.callback(process.wait, 10)
             stack.callback(process.terminate)
             urls[kind], pids[kind] = f"http://127.0.0.1:{port}", (lambda p=process: [p.pid])
-        for kind, event_loop in (("sidecar", "uvloop"), ("sidecar-asyncio", "asyncio")):
+        for kind, event_loop in SIDECARS.items():
+            launcher = [sys.executable, "-m", "bench.http_candidates", "run-unchecked"] if kind.endswith("unchecked") \
+                else None
             sidecar = SidecarProcess(sidecar_settings(
                 triton, models=models, golden_dir=built.golden_dir, filtering={"rules": [CREDIT_FILTER_RULE]},
                 validation={"reject_non_finite": True}, listen={"event_loop": event_loop},
-                logging={"format": "json", "level": "info"}), workdir / kind)
+                logging={"format": "json", "level": "info"}), workdir / kind, launcher=launcher)
             stack.callback(sidecar.stop)
             sidecar.start()
             urls[kind], pids[kind] = sidecar.url, (lambda s=sidecar: [s.pid])
@@ -299,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds, the legs' order rotating (default 2)")
     parser.add_argument("--duration", type=int, default=2, help="seconds per leg and case (default 2)")
     parser.add_argument("--idle", type=float, default=5.0, help="seconds to measure each leg's idle CPU (default 5)")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["run-unchecked"]:
+        return run_unchecked(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "serve":
         serve(args.kind, args.port, args.triton_http)

@@ -49,8 +49,10 @@ def sidecar_settings(
 class SidecarProcess:
     """One `triton-sidecar run` child process in its own session; `stop()` always ends it."""
 
-    def __init__(self, settings: dict[str, Any], workdir: Path) -> None:
+    def __init__(self, settings: dict[str, Any], workdir: Path, *, launcher: list[str] | None = None) -> None:
         self.settings = settings
+        #: What runs `run --config FILE` (default: the venv's triton-sidecar; a benchmark may wrap it).
+        self.launcher = launcher
         self.workdir = Path(workdir)
         self.config_path = self.workdir / "sidecar.yaml"
         self.log_path = self.workdir / "sidecar.log"
@@ -71,12 +73,12 @@ class SidecarProcess:
     def start(self, *, ready_timeout_s: float = 120.0, wait_ready: bool = True) -> SidecarProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump(self.settings, sort_keys=False))
-        executable = Path(sys.executable).parent / "triton-sidecar"
+        launcher = self.launcher or [str(Path(sys.executable).parent / "triton-sidecar")]
         # Only the file configures it: SIDECAR_* variables of the caller's shell must not leak in.
         env = {k: v for k, v in os.environ.items() if not k.startswith("SIDECAR_")}
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
-                [str(executable), "run", "--config", str(self.config_path)],
+                [*launcher, "run", "--config", str(self.config_path)],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             )
         try:
