@@ -66,6 +66,7 @@ def test_environment_overrides_the_file(tmp_path):
         ("filtering:\n  rules:\n  - {model: 'credit(', drop_outputs: [x]}\n",
          "key 'filtering.rules.0.model': not a regular expression"),
         ("logging:\n  format: xml\n", "key 'logging.format'"),
+        ("listen:\n  event_loop: tokio\n", "key 'listen.event_loop'"),
         ("rollouts:\n  m: {stable: '1'}\n", "key 'rollouts.m': 'candidate' is a required property"),
         ("rollouts:\n  m: {stable: '1', candidate: '1'}\n", "key 'rollouts.m.candidate': must differ from stable"),
         ("rollouts:\n  m: {stable: '1', candidate: '2', steps: [0.5, 0.1]}\n",

@@ -143,7 +143,10 @@ def test_sigterm_fails_readiness_at_once_then_drains_and_exits_cleanly(triton, t
         stdout, stderr = process.communicate()
     assert process.returncode == 0, stderr
     assert took < drain_s + 5
-    events = [json.loads(line)["event"] for line in stdout.splitlines() if line.startswith("{")]
+    records = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    events = [record["event"] for record in records]
     assert events.index("drain_started") < events.index("drain_finished") < events.index("sidecar_stopped")
+    # Served on uvloop, the default listen.event_loop (TLS off).
+    assert next(r for r in records if r["event"] == "sidecar_started")["event_loop"] == "uvloop"
     for trouble in ("Unclosed", "Task was destroyed", "Traceback", "never awaited"):
         assert trouble not in stderr + stdout, f"{trouble!r} in output:\n{stderr}"

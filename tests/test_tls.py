@@ -219,6 +219,7 @@ async def test_run_serves_tls_on_both_ports_and_plaintext_probes_only_on_probe_p
     assert process.returncode == 0, stderr
     started = [json.loads(line) for line in stdout.splitlines() if '"sidecar_started"' in line]
     assert started and started[0]["tls"] is True and started[0]["probe_port"] == probe_port, stdout[-2000:]
+    assert started[0]["event_loop"] == "asyncio"  # with TLS on, whatever listen.event_loop says
 
 
 # -- serving over TLS ----------------------------------------------------------------------------------------------
