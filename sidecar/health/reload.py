@@ -223,9 +223,12 @@ class LiveConfig:
         log.info("config_reloaded", config=str(self.path), changed=changed)
 
     async def run(self, *, apply_config: Callable[[SidecarConfig], None],
-                  golden_changed: Callable[[list[str]], None], poll_s: float = RELOAD_POLL_S) -> None:
+                  golden_changed: Callable[[list[str]], None], poll_s: float = RELOAD_POLL_S,
+                  also_compare: Callable[[], None] | None = None) -> None:
         """Compare the files every `poll_s` and at once on SIGHUP; never ends on an error, because the
-        sidecar must keep guarding with what it has."""
+        sidecar must keep guarding with what it has. `also_compare` (never raising) compares other
+        watched files in the same pass (the drift references): one timer for all of them rather than
+        a loop each (issue 18's idle budget, bench/RESULTS.md §4c)."""
         while True:
             try:
                 async with asyncio.timeout(poll_s):
@@ -237,6 +240,8 @@ class LiveConfig:
             if force:
                 log.info("reload_requested", cause="SIGHUP")
             self.reload_once(apply_config=apply_config, golden_changed=golden_changed, force=force)
+            if also_compare is not None:
+                also_compare()
 
     def reload_once(self, *, apply_config: Callable[[SidecarConfig], None],
                     golden_changed: Callable[[list[str]], None], force: bool = False) -> None:
