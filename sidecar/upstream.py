@@ -345,6 +345,10 @@ class _Connection(asyncio.Protocol):
         self.abort()
 
 
+#: Loop iterations close() waits at most for its aborted connections' connection_lost.
+_CLOSE_ITERATIONS = 10
+
+
 class UpstreamPool:
     """Keep-alive HTTP/1.1 connections to one Triton (`url`: http[s]://host:port)."""
 
@@ -447,6 +451,12 @@ class UpstreamPool:
         for connection in list(self._open):
             connection.abort()
         self._idle.clear()
+        # connection_lost comes an iteration or two of the loop after abort (asyncio and uvloop
+        # both schedule it): return with every connection gone, not with some still counted.
+        for _ in range(_CLOSE_ITERATIONS):
+            if not self._open:
+                break
+            await asyncio.sleep(0)
 
     # -- pieces ------------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Drift reference files loaded at start and re-read on change, like golden files.
+"""Drift reference files loaded at start and re-read on change, like golden files (in the same pass).
 
 The serving core's drift monitor (sidecar.serving.drift) only parses references; the watching is the
 reload machinery's (sidecar.health.reload.file_key: device, inode, mtime and size of what each name
@@ -10,14 +10,13 @@ of every model kept).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
 import structlog
 
 from sidecar.config import ConfigError, DriftSection
-from sidecar.health.reload import RELOAD_POLL_S, FileKey, file_key
+from sidecar.health.reload import FileKey, file_key
 from sidecar.metrics import SidecarMetrics
 from sidecar.serving.drift import (
     DriftMonitor,
@@ -75,11 +74,10 @@ class ReferenceWatch:
                  models=sorted({model for model, _ in references}))
         return True
 
-    async def run(self, poll_s: float = RELOAD_POLL_S) -> None:
-        """Compare the files every `poll_s`; never ends on an error (drift is advisory)."""
-        while True:
-            await asyncio.sleep(poll_s)
-            try:
-                self.scan()
-            except Exception as e:
-                log.error("drift_reference_refused", cause=f"unexpected error: {e!r}")
+    def compare(self) -> None:
+        """One pass of the reloader (sidecar.health.reload.LiveConfig.run, every RELOAD_POLL_S): load
+        the directory if it changed; never raises (drift is advisory)."""
+        try:
+            self.scan()
+        except Exception as e:
+            log.error("drift_reference_refused", cause=f"unexpected error: {e!r}")

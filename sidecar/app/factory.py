@@ -64,6 +64,9 @@ from sidecar.upstream import UpstreamPool
 
 log = structlog.get_logger("sidecar.app")
 
+#: The drift reference files' watch, compared in the reloader's pass (see _monitors).
+REFERENCE_WATCH = web.AppKey("reference_watch", ReferenceWatch)
+
 
 def create_app(
     config: SidecarConfig,
@@ -113,8 +116,7 @@ def create_app(
                          unanswered_for=app[PROBER].unanswered_for, clock=clock)
     drift = DriftMonitor(config.drift, references, count_nan=not config.validation.reject_non_finite)
     metrics.registry.register(drift.collector())
-    app.cleanup_ctx.append(_reload_references(ReferenceWatch(drift, settings=lambda: app[LIVE].config.drift,
-                                                              metrics=metrics)))
+    app[REFERENCE_WATCH] = ReferenceWatch(drift, settings=lambda: app[LIVE].config.drift, metrics=metrics)
     app[SERVING] = ServingCore(
         config, states=states, metrics=metrics, fetch_document=document_fetcher(app), cases_for=store.cases_for,
         events=HealthEvents(probe_soon=supervisors.probe_soon, stub_dead=supervisors.stub_dead,
@@ -214,12 +216,15 @@ async def _upstream_pools(app: web.Application) -> AsyncIterator[None]:
 
 async def _monitors(app: web.Application) -> AsyncIterator[None]:
     """The Triton watch, the roster of guarded models (one supervisor each) and the reloader:
-    started with the app, each restarted after a crash (sidecar.health.tasks), cancelled at exit."""
+    started with the app, each restarted after a crash (sidecar.health.tasks), cancelled at exit.
+    The reloader's pass also compares the drift reference files: one timer for every watched file
+    (issue 18's idle budget; bench/RESULTS.md §4c)."""
     metrics, live = app[METRICS], app[LIVE]
 
     def reload_files() -> Awaitable[None]:
         return live.run(apply_config=lambda c: apply_config(app, c),
-                        golden_changed=lambda models: golden_changed(app, models))
+                        golden_changed=lambda models: golden_changed(app, models),
+                        also_compare=app[REFERENCE_WATCH].compare)
 
     tasks: list[asyncio.Task[None]] = [
         spawn(app[WATCH].run, kind="triton_watch", name="triton-watch", metrics=metrics),
@@ -275,18 +280,6 @@ async def _rollouts(app: web.Application) -> AsyncIterator[None]:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await core.shadows.close()
-
-
-def _reload_references(watch: ReferenceWatch) -> Callable[[web.Application], AsyncIterator[None]]:
-    """The drift reference files' reload loop, started with the app (restarted after a crash) and
-    cancelled at exit."""
-    async def run(app: web.Application) -> AsyncIterator[None]:
-        task = spawn(watch.run, kind="reload", name="reload-drift-references", metrics=app[METRICS])
-        yield
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-    return run
 
 
 def apply_config(app: web.Application, config: SidecarConfig) -> None:

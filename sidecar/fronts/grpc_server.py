@@ -30,8 +30,8 @@ from tritonclient.grpc import service_pb2 as pb
 
 from sidecar.config import SidecarConfig
 from sidecar.fronts.appkeys import CONFIG, READINESS, SERVING, STATES, TLS, WATCH
+from sidecar.fronts.grpc_tls import GrpcCredentials, grpc_client_subject, grpc_interceptors
 from sidecar.fronts.http_routes import cohort_of, exposed_extensions
-from sidecar.fronts.tls import grpc_client_subject
 from sidecar.messages import cut
 from sidecar.protocol.answers import BINARY_DTYPES, AnswerTensor
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
@@ -299,7 +299,7 @@ class GrpcFront:
         self._unary = {name: self.channel.unary_unary(f"/{SERVICE}/{name}") for name in
                        ("ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics")}
         self.tls = app.get(TLS)
-        self.server = grpc.aio.server(interceptors=self.tls.grpc_interceptors() if self.tls else None,
+        self.server = grpc.aio.server(interceptors=grpc_interceptors(self.tls) if self.tls else None,
                                       options=server_options(config))
         handlers: dict[str, grpc.RpcMethodHandler] = {
             "ServerLive": self._unary_handler("ServerLive", self._server_live),
@@ -322,7 +322,7 @@ class GrpcFront:
 
     async def start(self, host: str, port: int) -> None:
         if self.tls is not None:  # new connections ask self.tls for the certificate in force
-            self.port = self.server.add_secure_port(f"{host}:{port}", self.tls.grpc_credentials())
+            self.port = self.server.add_secure_port(f"{host}:{port}", GrpcCredentials(self.tls).credentials())
         else:
             self.port = self.server.add_insecure_port(f"{host}:{port}")
         if not self.port:

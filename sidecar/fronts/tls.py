@@ -19,9 +19,8 @@ the context in force), so a failed handshake is counted by reason
 certificate without an allowed SAN is refused before the connection reaches any HTTP code. Only then
 is the connection handed to the listener's protocol, which never knows the bytes were encrypted.
 
-The gRPC port: `grpc.dynamic_ssl_server_credentials`, whose fetcher gRPC core calls before every new
-connection's handshake; SANs are checked per call by `AllowedSansInterceptor`, because gRPC's server
-credentials have no hook to refuse a verified client certificate during the handshake.
+The gRPC port builds its credentials from the same material (sidecar.fronts.grpc_tls, imported only
+with a gRPC port: grpc is about 12 MB of resident memory an HTTP-only sidecar never needs).
 """
 
 from __future__ import annotations
@@ -30,13 +29,11 @@ import asyncio
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import grpc
-import grpc.aio
 import structlog
 from aiohttp import web
 
@@ -77,7 +74,10 @@ class TlsMaterial:
     """One complete, checked set of files, and what each listener builds from it."""
 
     context: ssl.SSLContext
-    grpc_config: Any  # grpc.ServerCertificateConfiguration
+    #: The PEM bytes the context was built from, for the gRPC port's credentials (sidecar.fronts.grpc_tls).
+    key_pem: bytes
+    cert_pem: bytes
+    ca_pem: bytes | None
     #: notAfter of the served (leaf) certificate, as a Unix time.
     not_after: float
     serial: int
@@ -145,8 +145,7 @@ def load_material(section: TlsSection, *, now: Callable[[], float] = time.time) 
         context.verify_mode = ssl.CERT_REQUIRED
     # HTTP/1.1 only: the listener speaks no HTTP/2 (gRPC has its own port).
     context.set_alpn_protocols(["http/1.1"])
-    grpc_config = grpc.ssl_server_certificate_configuration([(key_pem, cert_pem)], root_certificates=ca_pem)
-    return TlsMaterial(context, grpc_config, not_after, leaf.serial_number, leaf.subject.rfc4514_string())
+    return TlsMaterial(context, key_pem, cert_pem, ca_pem, not_after, leaf.serial_number, leaf.subject.rfc4514_string())
 
 
 #: ssl's long attribute names as RFC 4514 writes them (and as gRPC core reports a client's subject).
@@ -200,7 +199,6 @@ class ServerTls:
         self.material = load_material(section, now=clock)
         #: Bumped on every successful reload; the gRPC fetcher compares it with what it last handed out.
         self.generation = 0
-        self._grpc_generation = 0
         self.allowed_sans = frozenset(section.client_allowed_sans)
         self.mutual = bool(section.client_ca_file)
         metrics.reload_failures.labels(what="tls")
@@ -274,24 +272,6 @@ class ServerTls:
         """For `loop.create_server`: each connection does its handshake, then `make()` serves it."""
         return lambda: _TlsHandshake(self, make)
 
-    # -- gRPC -----------------------------------------------------------------------------------------------
-
-    def grpc_credentials(self) -> grpc.ServerCredentials:
-        return grpc.dynamic_ssl_server_credentials(self.material.grpc_config, self._fetch_grpc_config,
-                                                   require_client_authentication=self.mutual)
-
-    def _fetch_grpc_config(self) -> Any:
-        """Called by gRPC core before every new connection's handshake: the new set after a reload,
-        else None (keep the one in use)."""
-        generation = self.generation
-        if generation == self._grpc_generation:
-            return None
-        self._grpc_generation = generation
-        return self.material.grpc_config
-
-    def grpc_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
-        return [AllowedSansInterceptor(self)] if self.allowed_sans else []
-
 
 class _TlsHandshake(asyncio.Protocol):
     """A connection until its TLS handshake is done: then the real protocol takes the TLS transport."""
@@ -353,77 +333,3 @@ class _TlsHandshake(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
-
-
-class AllowedSansInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses a call whose client certificate carries none of `tls.client_allowed_sans` with
-    UNAUTHENTICATED before any handler runs (the handshake itself cannot be refused from Python)."""
-
-    def __init__(self, tls: ServerTls) -> None:
-        self._tls = tls
-
-    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
-                                handler_call_details: Any) -> Any:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        return _guarded(handler, self._tls)
-
-
-def grpc_client_sans(context: grpc.aio.ServicerContext) -> set[str]:
-    auth = context.auth_context()
-    return {v.decode() for v in auth.get("x509_subject_alternative_name", ())}
-
-
-def grpc_client_subject(context: grpc.aio.ServicerContext) -> str:
-    """The client certificate's subject on a mutual-TLS gRPC call, or ""."""
-    values = context.auth_context().get("x509_subject", ())
-    return values[0].decode(errors="replace") if values else ""
-
-
-async def _refuse_grpc(tls: ServerTls, context: grpc.aio.ServicerContext) -> None:
-    if grpc_client_sans(context) & tls.allowed_sans:
-        return
-    tls.handshake_failed("client_san_not_allowed")
-    log.warning("tls_client_refused", reason="client_san_not_allowed", protocol="grpc",
-                client_subject=grpc_client_subject(context), peer=context.peer())
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                        "the client certificate carries none of the SANs this server allows (tls.client_allowed_sans)")
-
-
-def _guarded(handler: grpc.RpcMethodHandler, tls: ServerTls) -> grpc.RpcMethodHandler:
-    options = {"request_deserializer": handler.request_deserializer,
-               "response_serializer": handler.response_serializer}
-    if handler.unary_unary is not None:
-        inner_uu = handler.unary_unary
-
-        async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await _refuse_grpc(tls, context)
-            return await inner_uu(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(unary_unary, **options)
-    if handler.unary_stream is not None:
-        inner_us = handler.unary_stream
-
-        async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            await _refuse_grpc(tls, context)
-            async for item in inner_us(request, context):
-                yield item
-
-        return grpc.unary_stream_rpc_method_handler(unary_stream, **options)
-    if handler.stream_stream is not None:
-        inner_ss = handler.stream_stream
-
-        async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            await _refuse_grpc(tls, context)
-            async for item in inner_ss(requests, context):
-                yield item
-
-        return grpc.stream_stream_rpc_method_handler(stream_stream, **options)
-    inner_su = handler.stream_unary
-
-    async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-        await _refuse_grpc(tls, context)
-        return await inner_su(requests, context)
-
-    return grpc.stream_unary_rpc_method_handler(stream_unary, **options)

@@ -60,6 +60,40 @@ def file_key(path: Path) -> FileKey:
         return (path.name, 0, 0, 0, -1)  # gone mid-swap: differs from any real file, so read again
 
 
+#: A directory's listing is reused while the directory's own key is unchanged (creating, removing or
+#: renaming an entry changes its mtime), but only a listing taken more than this (s) after that mtime:
+#: an entry created in the same timestamp tick as the listing would leave the mtime as it was.
+LISTING_TRUST_S = 1.0
+
+
+class DirectoryListings:
+    """Directory listings kept between reload passes. Listing the golden folders was most of what a
+    pass cost (one scandir per model folder every second: about 0.1 % of a core at 10 models, half
+    the gap to issue 18's idle target); a stat of the folder tells whether its entries changed."""
+
+    def __init__(self) -> None:
+        self._kept: dict[Path, tuple[FileKey, list[Path]]] = {}
+
+    def list(self, directory: Path, lister: Callable[[Path], list[Path]], *, force: bool = False) -> list[Path]:
+        """`lister(directory)`, or the entries it gave last time if the directory has not changed."""
+        key = file_key(directory)
+        kept = self._kept.get(directory)
+        if kept is not None and kept[0] == key and not force:
+            return kept[1]
+        listed_at_ns = time.time_ns()
+        entries = lister(directory)
+        if key[4] >= 0 and listed_at_ns - key[3] > LISTING_TRUST_S * 1e9:
+            self._kept[directory] = (key, entries)
+        else:
+            self._kept.pop(directory, None)  # gone, or changed too recently to trust its mtime
+        return entries
+
+    def keep_only(self, directories: set[Path]) -> None:
+        """Forget the listings of directories no longer watched."""
+        for directory in set(self._kept) - directories:
+            del self._kept[directory]
+
+
 @dataclass(frozen=True)
 class GoldenRefusal:
     """A model folder the last reload refused; the model kept its previous cases."""
@@ -93,6 +127,7 @@ class GoldenStore:
         now = clock()
         self.loaded_at: dict[str, float] = {m: now for m in self.cases}
         self.refused: dict[str, GoldenRefusal] = {}
+        self._listings = DirectoryListings()
 
     def cases_for(self, model: str) -> Sequence[GoldenCase]:
         return self.cases.get(model, ())
@@ -100,7 +135,8 @@ class GoldenStore:
     def scan(self, *, force: bool = False) -> list[str]:
         """Load what changed on disk (everything when `force`); the models whose cases changed."""
         changed: list[str] = []
-        present = {d.name: d for d in golden_model_dirs(self.golden_dir)}
+        present = {d.name: d for d in self._listings.list(self.golden_dir, golden_model_dirs, force=force)}
+        self._listings.keep_only({self.golden_dir, *present.values()})
         for model in sorted(set(self._seen) - set(present)):
             del self._seen[model]
             self.refused.pop(model, None)
@@ -110,7 +146,7 @@ class GoldenStore:
                 log.info("golden_files_removed", model=model, golden_dir=str(self.golden_dir))
         for model, model_dir in present.items():
             try:
-                key = tuple(file_key(p) for p in golden_files(model_dir))
+                key = tuple(file_key(p) for p in self._listings.list(model_dir, golden_files, force=force))
             except OSError:
                 continue  # the folder went away between listing and reading: next pass sees it
             if not force and self._seen.get(model) == key:
@@ -223,9 +259,12 @@ class LiveConfig:
         log.info("config_reloaded", config=str(self.path), changed=changed)
 
     async def run(self, *, apply_config: Callable[[SidecarConfig], None],
-                  golden_changed: Callable[[list[str]], None], poll_s: float = RELOAD_POLL_S) -> None:
+                  golden_changed: Callable[[list[str]], None], poll_s: float = RELOAD_POLL_S,
+                  also_compare: Callable[[], None] | None = None) -> None:
         """Compare the files every `poll_s` and at once on SIGHUP; never ends on an error, because the
-        sidecar must keep guarding with what it has."""
+        sidecar must keep guarding with what it has. `also_compare` (never raising) compares other
+        watched files in the same pass (the drift references): one timer for all of them rather than
+        a loop each (issue 18's idle budget, bench/RESULTS.md §4c)."""
         while True:
             try:
                 async with asyncio.timeout(poll_s):
@@ -237,6 +276,8 @@ class LiveConfig:
             if force:
                 log.info("reload_requested", cause="SIGHUP")
             self.reload_once(apply_config=apply_config, golden_changed=golden_changed, force=force)
+            if also_compare is not None:
+                also_compare()
 
     def reload_once(self, *, apply_config: Callable[[SidecarConfig], None],
                     golden_changed: Callable[[list[str]], None], force: bool = False) -> None:
