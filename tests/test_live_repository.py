@@ -414,9 +414,10 @@ async def test_a_model_removed_from_the_configured_models_stops_being_guarded(tr
 
     path.write_text(yaml.safe_dump({**settings, "models": ["credit_risk"],
                                     "probes": {**FAST_PROBES, "failure_threshold": 5}}))
-    await wait_for(lambda: sidecar.app[ROSTER].models == ["credit_risk"], PICKUP_BOUND_S + SLACK_S,
-                   what="image_classifier released")
-    assert "image_classifier" not in sidecar.app[STATES]
+    # The roster drops the model first, then awaits its supervisor's end and forgets its state: wait
+    # for the whole release, not only its first step.
+    await wait_for(lambda: sidecar.app[ROSTER].models == ["credit_risk"] and "image_classifier" not in
+                   sidecar.app[STATES], PICKUP_BOUND_S + SLACK_S, what="image_classifier released and forgotten")
     assert sidecar.app[LIVE].config.probes.failure_threshold == 5
     assert sidecar.app[STATES].get("credit_risk").failure_threshold == 5
     _, index = triton_post(triton, "/v2/repository/index")
