@@ -1,12 +1,24 @@
 # Two entry points for a fresh Debian machine: `make demo` and `make test`.
-# Everything they need is installed here: nothing is assumed to be on the machine but Python 3.
+# Everything they need is installed here: nothing is assumed to be on the machine but Python 3 and a
+# Rust toolchain (cargo, from rustup), which builds the data plane (dataplane/, sidecar._dataplane).
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint system-deps clean bench-deps
+.PHONY: demo test lint system-deps clean bench-deps rust-toolchain
+
+CARGO ?= cargo
+CRATE := dataplane/Cargo.toml
+#: What the module is built from: a change to any of them rebuilds it on the next make.
+CRATE_SOURCES := $(CRATE) dataplane/Cargo.lock $(shell find dataplane/src -name '*.rs' 2>/dev/null)
+# cargo test links its test binary against the venv's Python (the module itself links against none).
+export PYO3_PYTHON := $(abspath $(BIN)/python)
+
+# Say at once, in one line, what is missing: pip's build of the module would bury it in a traceback.
+rust-toolchain:
+	@command -v $(CARGO) >/dev/null || { echo "triton-sidecar builds its data plane with Rust: install a toolchain (https://rustup.rs: rustup's default profile), then run make again"; exit 1; }
 
 # The python backend's stub embeds Debian's own Python 3.11, which imports numpy from Debian's
 # packages (it ignores virtualenvs and PYTHONPATH); promtool checks the alert rules.
@@ -24,7 +36,8 @@ $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "triton-sidecar needs Python 3.11 or newer; PYTHON=" + sys.executable + " is " + sys.version.split()[0])'
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+# The editable install builds sidecar._dataplane with maturin (release profile) beside the package.
+$(VENV)/.installed: pyproject.toml $(CRATE_SOURCES) | $(BIN)/python rust-toolchain
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
@@ -52,9 +65,12 @@ demo: system-deps $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(BIN)/ruff check sidecar tests bench
 	$(BIN)/lint-imports
+	$(CARGO) fmt --manifest-path $(CRATE) --all -- --check
+	$(CARGO) clippy --manifest-path $(CRATE) --all-targets --quiet -- -D warnings
 
 test: system-deps lint $(MLSERVER_VENV)/.installed
+	$(CARGO) test --manifest-path $(CRATE) --quiet
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) $(MLSERVER_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(MLSERVER_VENV) .pytest_cache .ruff_cache .hypothesis dataplane/target sidecar/_dataplane*.so

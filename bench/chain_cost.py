@@ -5,7 +5,9 @@
 No server and no socket: the real functions of the HTTP inference path on bench.dataplane's request
 (1x128 FP32 JSON to credit_risk, `income_prob` filtered, NaN refused), timed in loops on uvloop with
 warm caches, best of `--repeats`:
-- `validate`: `validate_infer_request` (rapidjson parse, the document's checks, dtype and finiteness);
+- `validate`: `validate_infer_request` (the data plane's checks, in Rust: parse, the document's checks,
+  dtype and finiteness) on the 1x128 request;
+- `validate 1 MB`: the same on a 1 MB JSON body (1088x128 FP32, credit_risk batching up to 2048);
 - `screen`: `screen_infer_response` cutting `income_prob` out of Triton's answer;
 - `scope + infer`: one `RequestScope` around `ServingCore.resolve` + `ServingCore.infer` with an
   upstream that answers at once (admission, routing, breaker slot, in-flight gauge, validation,
@@ -36,7 +38,7 @@ from sidecar.serving.core import OutputPolicy, Screened, ServingCore
 from sidecar.serving.filtering import screen_infer_response
 from sidecar.serving.passive_signals import HealthEvents
 from sidecar.serving.telemetry import HTTP
-from sidecar.serving.validation import CheckedRequest, ModelSpec, validate_infer_request
+from sidecar.serving.validation import CheckedRequest, Limits, ModelSpec, build_model_spec, validate_infer_request
 from sidecar.states import ModelHealth, ModelStates
 
 MODEL = "credit_risk"
@@ -124,9 +126,17 @@ async def measure(loops: int, repeats: int) -> dict[str, float]:
             scope.label = MODEL
             scope.answered(200)
 
+    big_spec = build_model_spec(MODEL, "", METADATA, {**CONFIG, "max_batch_size": 2048},
+                                limits=Limits(4_000_000, 1 << 20, reject_non_finite=True))
+    big_body = json_request(features(1088)).body
+    assert 0.95e6 < len(big_body) < 1.1e6, len(big_body)
+    validate_infer_request(big_spec, big_body)  # it passes: the loop times a valid request
+
     await scope_and_infer()  # the spec and the metric children are cached, as after a first request
     return {
         "validate": await _best(lambda: validate_infer_request(spec, body), loops, repeats),
+        "validate 1 MB": await _best(lambda: validate_infer_request(big_spec, big_body), max(loops // 1000, 5),
+                                     repeats),
         "screen": await _best(lambda: screen_infer_response(ANSWER, None, is_hidden=hidden, check_non_finite=True),
                               loops, repeats),
         "scope + infer": await _best(scope_and_infer, loops, repeats),

@@ -1,0 +1,20 @@
+//! `sidecar._dataplane`: the compiled half of triton-sidecar.
+//!
+//! Python keeps the control plane (configuration, the health loop, heals, golden files, reloads,
+//! rollout and drift decisions, metrics registry and logging); this crate holds the per-request
+//! rules, each written once and called from whichever side needs it. Its modules mirror the Python
+//! package's map: `serving` (the rules of a request), `protocol` (the v2 vocabulary: JSON as Triton
+//! reads it), `py` (the PyO3 surface, the only place that touches Python objects).
+//!
+//! Nothing here reads a file or an environment variable: everything comes from Python.
+
+pub mod protocol;
+pub mod py;
+pub mod serving;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _dataplane(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    py::register(m)
+}

@@ -1,0 +1,461 @@
+//! JSON as Triton reads it, strictly: the request checks must accept exactly the documents Triton
+//! accepts and refuse, as `malformed`, what it would choke on.
+//!
+//! Why a parser of our own rather than serde_json:
+//! - Triton's parser (RapidJSON) takes the literals `NaN`, `Infinity` and `-Infinity`; a request that
+//!   carries them must be refused as `non_finite` naming the element, not as unreadable JSON;
+//! - a key twice in one object is refused: the sidecar would check the last value, Triton use the
+//!   first;
+//! - numbers are kept as their text until a check reads them: a check converts each once, in the same
+//!   pass that judges it, and strings borrow the body unless they hold escapes (no copy per key).
+
+use std::borrow::Cow;
+use std::fmt;
+
+/// Nesting deeper than this is refused (a stack bound, as CPython's recursion limit was before).
+pub const MAX_DEPTH: usize = 512;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value<'a> {
+    Null,
+    Bool(bool),
+    /// A number as written (RFC 8259 grammar, checked): `integer` when it has no fraction or exponent;
+    /// its magnitude is below 10^`below_exp10` (so most checks need not convert it at all).
+    Number {
+        text: &'a str,
+        integer: bool,
+        below_exp10: i32,
+    },
+    /// The literals `NaN`, `Infinity`, `-Infinity`.
+    NonFinite(f64),
+    Str(Cow<'a, str>),
+    Array(Vec<Value<'a>>),
+    /// Members in document order; keys are unique (duplicates are refused while parsing).
+    Object(Vec<(Cow<'a, str>, Value<'a>)>),
+}
+
+/// What a JSON number is, as Python (and numpy after it) reads it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Number {
+    /// An integer that fits i64.
+    Int(i64),
+    /// A non-negative integer above i64::MAX that fits u64.
+    UInt(u64),
+    /// An integer wider than 64 bits.
+    BigInt,
+    Float(f64),
+}
+
+impl<'a> Value<'a> {
+    pub fn get(&self, key: &str) -> Option<&Value<'a>> {
+        match self {
+            Value::Object(members) => members.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The number this value holds, None when it is not one.
+    pub fn number(&self) -> Option<Number> {
+        match self {
+            Value::Number { text, integer: true, .. } => Some(if let Ok(v) = text.parse::<i64>() {
+                Number::Int(v)
+            } else if let Ok(v) = text.parse::<u64>() {
+                Number::UInt(v)
+            } else {
+                Number::BigInt
+            }),
+            // The grammar was checked while parsing; an exponent too large reads as infinity.
+            Value::Number { text, integer: false, .. } => Some(Number::Float(text.parse::<f64>().unwrap_or(f64::NAN))),
+            Value::NonFinite(f) => Some(Number::Float(*f)),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    pub offset: usize,
+    pub what: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Parse error at offset {}: {}", self.offset, self.what)
+    }
+}
+
+pub fn parse(bytes: &[u8]) -> Result<Value<'_>, ParseError> {
+    // A JSON text is UTF-8 (RFC 8259 §8.1): checked once here, so every slice below is a str for free.
+    let source = std::str::from_utf8(bytes)
+        .map_err(|e| ParseError { offset: e.valid_up_to(), what: "Invalid encoding in string.".into() })?;
+    let text = source.as_bytes();
+    let mut parser = Parser { source, text, pos: 0 };
+    parser.skip_ws();
+    if parser.pos == text.len() {
+        return Err(*parser.error("The document is empty."));
+    }
+    let value = parser.value(0).map_err(|e| *e)?;
+    parser.skip_ws();
+    if parser.pos != text.len() {
+        return Err(*parser.error("The document root must not be followed by other values."));
+    }
+    Ok(value)
+}
+
+struct Parser<'a> {
+    source: &'a str,
+    text: &'a [u8],
+    pos: usize,
+}
+
+/// Errors are boxed inside the parser: a Result as small as its Value keeps the hot path lean.
+type Parsed<T> = Result<T, Box<ParseError>>;
+
+impl<'a> Parser<'a> {
+    fn error(&self, what: &str) -> Box<ParseError> {
+        Box::new(ParseError { offset: self.pos, what: what.to_owned() })
+    }
+
+    #[inline]
+    fn peek(&self) -> Option<u8> {
+        self.text.get(self.pos).copied()
+    }
+
+    #[inline]
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    fn literal(&mut self, word: &[u8], value: Value<'a>) -> Parsed<Value<'a>> {
+        if self.text[self.pos..].starts_with(word) {
+            self.pos += word.len();
+            Ok(value)
+        } else {
+            Err(self.error("Invalid value."))
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> Parsed<Value<'a>> {
+        match self.peek() {
+            Some(b'{') => self.object(depth + 1),
+            Some(b'[') => self.array(depth + 1),
+            Some(b'"') => Ok(Value::Str(self.string()?)),
+            Some(b't') => self.literal(b"true", Value::Bool(true)),
+            Some(b'f') => self.literal(b"false", Value::Bool(false)),
+            Some(b'n') => self.literal(b"null", Value::Null),
+            Some(b'N') => self.literal(b"NaN", Value::NonFinite(f64::NAN)),
+            Some(b'I') => self.literal(b"Infinity", Value::NonFinite(f64::INFINITY)),
+            Some(b'-') if self.text.get(self.pos + 1) == Some(&b'I') => {
+                self.pos += 1;
+                self.literal(b"Infinity", Value::NonFinite(f64::NEG_INFINITY))
+            }
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            _ => Err(self.error("Invalid value.")),
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> Parsed<Value<'a>> {
+        if depth > MAX_DEPTH {
+            return Err(self.error("The document is nested too deeply."));
+        }
+        self.pos += 1;
+        let mut members: Vec<(Cow<'a, str>, Value<'a>)> = Vec::new();
+        self.skip_ws();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(Value::Object(members));
+        }
+        loop {
+            self.skip_ws();
+            if self.peek() != Some(b'"') {
+                return Err(self.error("Missing a name for object member."));
+            }
+            let key_at = self.pos;
+            let key = self.string()?;
+            if members.iter().any(|(k, _)| *k == key) {
+                return Err(Box::new(ParseError {
+                    offset: key_at,
+                    what: format!("duplicate key {key} in a JSON object"),
+                }));
+            }
+            self.skip_ws();
+            if self.peek() != Some(b':') {
+                return Err(self.error("Missing a colon after a name of object member."));
+            }
+            self.pos += 1;
+            self.skip_ws();
+            let value = self.value(depth)?;
+            members.push((key, value));
+            self.skip_ws();
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b'}') => {
+                    self.pos += 1;
+                    return Ok(Value::Object(members));
+                }
+                _ => return Err(self.error("Missing a comma or '}' after an object member.")),
+            }
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> Parsed<Value<'a>> {
+        if depth > MAX_DEPTH {
+            return Err(self.error("The document is nested too deeply."));
+        }
+        self.pos += 1;
+        let mut items = Vec::new();
+        self.skip_ws();
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+            return Ok(Value::Array(items));
+        }
+        loop {
+            // Tensor data is long runs of numbers: they skip the general dispatch.
+            let item = match self.peek() {
+                Some(b'0'..=b'9') => self.number()?,
+                Some(b'-') if self.text.get(self.pos + 1).is_some_and(u8::is_ascii_digit) => self.number()?,
+                _ => {
+                    self.skip_ws();
+                    self.value(depth)?
+                }
+            };
+            items.push(item);
+            if self.peek() != Some(b',') {
+                self.skip_ws();
+            }
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b']') => {
+                    self.pos += 1;
+                    return Ok(Value::Array(items));
+                }
+                _ => return Err(self.error("Missing a comma or ']' after an array element.")),
+            }
+        }
+    }
+
+    fn digits(&mut self) -> usize {
+        let n = self.text[self.pos..].iter().take_while(|b| b.is_ascii_digit()).count();
+        self.pos += n;
+        n
+    }
+
+    fn number(&mut self) -> Parsed<Value<'a>> {
+        let start = self.pos;
+        if self.peek() == Some(b'-') {
+            self.pos += 1;
+        }
+        // Digits of the integer part that count for the magnitude (a lone "0" counts none).
+        let whole = match self.peek() {
+            Some(b'0') => {
+                self.pos += 1;
+                0
+            }
+            Some(b'1'..=b'9') => self.digits() as i64,
+            _ => return Err(self.error("Invalid value.")),
+        };
+        let mut integer = true;
+        if self.peek() == Some(b'.') {
+            integer = false;
+            self.pos += 1;
+            if self.digits() == 0 {
+                return Err(self.error("Missing fraction part in number."));
+            }
+        }
+        let mut exponent: i64 = 0;
+        if let Some(b'e' | b'E') = self.peek() {
+            integer = false;
+            self.pos += 1;
+            let negative = match self.peek() {
+                Some(b'-') => {
+                    self.pos += 1;
+                    true
+                }
+                Some(b'+') => {
+                    self.pos += 1;
+                    false
+                }
+                _ => false,
+            };
+            let at = self.pos;
+            if self.digits() == 0 {
+                return Err(self.error("Missing exponent in number."));
+            }
+            // Bounded: an exponent past 10^6 is infinity or zero to every datatype alike.
+            exponent = self.source[at..self.pos].parse::<i64>().unwrap_or(i64::MAX).min(1_000_000);
+            if negative {
+                exponent = -exponent;
+            }
+        }
+        let below_exp10 = (whole + exponent).clamp(-2_000_000, 2_000_000) as i32;
+        Ok(Value::Number { text: &self.source[start..self.pos], integer, below_exp10 })
+    }
+
+    fn string(&mut self) -> Parsed<Cow<'a, str>> {
+        self.pos += 1; // the opening quote
+        let start = self.pos;
+        // The common case: no escape, so the bytes are the string (checked as UTF-8 once).
+        loop {
+            match self.peek() {
+                None => return Err(self.error("Missing a closing quotation mark in string.")),
+                Some(b'"') => {
+                    let s = &self.source[start..self.pos];
+                    self.pos += 1;
+                    return Ok(Cow::Borrowed(s));
+                }
+                Some(b'\\') => break,
+                Some(0..=0x1f) => return Err(self.error("Invalid encoding in string.")),
+                Some(_) => self.pos += 1,
+            }
+        }
+        let mut out: Vec<u8> = self.text[start..self.pos].to_vec();
+        loop {
+            match self.peek() {
+                None => return Err(self.error("Missing a closing quotation mark in string.")),
+                Some(b'"') => {
+                    self.pos += 1;
+                    return String::from_utf8(out).map(Cow::Owned).map_err(|e| {
+                        Box::new(ParseError {
+                            offset: start + e.utf8_error().valid_up_to(),
+                            what: "Invalid encoding in string.".into(),
+                        })
+                    });
+                }
+                Some(b'\\') => {
+                    self.pos += 1;
+                    let escaped = match self.peek() {
+                        Some(b'"') => b'"',
+                        Some(b'\\') => b'\\',
+                        Some(b'/') => b'/',
+                        Some(b'b') => 0x08,
+                        Some(b'f') => 0x0c,
+                        Some(b'n') => b'\n',
+                        Some(b'r') => b'\r',
+                        Some(b't') => b'\t',
+                        Some(b'u') => {
+                            self.pos += 1;
+                            let c = self.unicode_escape()?;
+                            let mut buf = [0u8; 4];
+                            out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                            continue;
+                        }
+                        _ => return Err(self.error("Invalid escape character in string.")),
+                    };
+                    out.push(escaped);
+                    self.pos += 1;
+                }
+                Some(0..=0x1f) => return Err(self.error("Invalid encoding in string.")),
+                Some(b) => {
+                    out.push(b);
+                    self.pos += 1;
+                }
+            }
+        }
+    }
+
+    fn hex4(&mut self) -> Parsed<u32> {
+        let digits = self
+            .text
+            .get(self.pos..self.pos + 4)
+            .ok_or_else(|| self.error("Incorrect hex digit after \\u escape in string."))?;
+        let mut v = 0u32;
+        for &d in digits {
+            let n = (d as char)
+                .to_digit(16)
+                .ok_or_else(|| self.error("Incorrect hex digit after \\u escape in string."))?;
+            v = v * 16 + n;
+        }
+        self.pos += 4;
+        Ok(v)
+    }
+
+    fn unicode_escape(&mut self) -> Parsed<char> {
+        let first = self.hex4()?;
+        let code = if (0xD800..0xDC00).contains(&first) {
+            if self.text.get(self.pos..self.pos + 2) != Some(b"\\u") {
+                return Err(self.error("The surrogate pair in string is invalid."));
+            }
+            self.pos += 2;
+            let second = self.hex4()?;
+            if !(0xDC00..0xE000).contains(&second) {
+                return Err(self.error("The surrogate pair in string is invalid."));
+            }
+            0x10000 + ((first - 0xD800) << 10) + (second - 0xDC00)
+        } else {
+            first
+        };
+        char::from_u32(code).ok_or_else(|| self.error("The surrogate pair in string is invalid."))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_keep_their_kind() {
+        let v = parse(br#"[1, -2, 18446744073709551615, 99999999999999999999999, 1.5, 1e3, -0]"#).unwrap();
+        let Value::Array(items) = v else { panic!("not an array") };
+        let numbers: Vec<Option<Number>> = items.iter().map(Value::number).collect();
+        assert_eq!(
+            numbers,
+            vec![
+                Some(Number::Int(1)),
+                Some(Number::Int(-2)),
+                Some(Number::UInt(u64::MAX)),
+                Some(Number::BigInt),
+                Some(Number::Float(1.5)),
+                Some(Number::Float(1000.0)),
+                Some(Number::Int(0)),
+            ]
+        );
+    }
+
+    #[test]
+    fn nan_and_infinity_literals_are_read_as_triton_reads_them() {
+        let Value::Array(v) = parse(b"[NaN, Infinity, -Infinity]").unwrap() else { panic!("not an array") };
+        assert!(matches!(v[0].number(), Some(Number::Float(f)) if f.is_nan()));
+        assert_eq!(v[1].number(), Some(Number::Float(f64::INFINITY)));
+        assert_eq!(v[2].number(), Some(Number::Float(f64::NEG_INFINITY)));
+    }
+
+    #[test]
+    fn a_key_twice_is_refused() {
+        let e = parse(br#"{"inputs": [], "inputs": []}"#).unwrap_err();
+        assert!(e.what.contains("duplicate key inputs"), "{e}");
+    }
+
+    #[test]
+    fn escapes_and_unicode() {
+        assert_eq!(parse(br#""a\n\u00e9\ud83d\ude00\"""#).unwrap(), Value::Str("a\n\u{e9}\u{1F600}\"".into()));
+        assert!(matches!(parse(br#""plain""#).unwrap(), Value::Str(Cow::Borrowed("plain"))));
+        assert!(parse(br#""\ud83d""#).is_err());
+        assert!(parse(b"\"\xff\"").is_err());
+        assert!(parse(b"\"a\x01\"").is_err());
+    }
+
+    #[test]
+    fn broken_documents_say_where() {
+        for bad in [&b"{not json"[..], b"", b"[1,]", b"[1] 2", b"01", b"1.", b"-", b"tru", b"{\"a\" 1}"] {
+            assert!(parse(bad).is_err(), "{:?} parsed", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(parse(b"{not json").unwrap_err().offset, 1);
+    }
+
+    #[test]
+    fn depth_is_bounded() {
+        let deep = "[".repeat(MAX_DEPTH + 1) + &"]".repeat(MAX_DEPTH + 1);
+        assert!(parse(deep.as_bytes()).unwrap_err().what.contains("nested too deeply"));
+        let fine = "[".repeat(MAX_DEPTH) + &"]".repeat(MAX_DEPTH);
+        assert!(parse(fine.as_bytes()).is_ok());
+    }
+}

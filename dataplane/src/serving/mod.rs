@@ -1,0 +1,4 @@
+//! The rules of one request, wire-free: the same names as the Python package's `sidecar/serving/`.
+
+pub mod refusals;
+pub mod validation;

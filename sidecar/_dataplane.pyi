@@ -1,0 +1,40 @@
+"""Types of `sidecar._dataplane`, the Rust data plane (dataplane/, built by maturin)."""
+
+from collections.abc import Callable
+
+__version__: str
+
+class RequestRefused(ValueError):
+    """A request refused before Triton: args are (reason label, message, input name or "")."""
+
+class RequestSpec:
+    """What a valid request to one model (version) looks like (serving::validation::RequestSpec)."""
+
+    def __init__(
+        self,
+        model: str,
+        inputs: list[tuple[str, str, list[int], bool]],
+        outputs: list[str],
+        hidden_outputs: list[str],
+        max_batch_size: int,
+        max_elements: int,
+        max_bytes_element: int,
+        reject_non_finite: bool,
+        is_hidden: Callable[[str], bool] | None = None,
+    ) -> None: ...
+    def validate(self, body: bytes, header_length: int | None = None) -> CheckedBody:
+        """Check one infer request body; raises RequestRefused."""
+
+class CheckedBody:
+    """A request that passed."""
+
+    @property
+    def elements(self) -> int: ...
+    @property
+    def requested_outputs(self) -> tuple[str, ...]: ...
+    @property
+    def binary(self) -> bool: ...
+    def layout(self) -> list[tuple[str, str, list[int], int, int, int]]:
+        """(name, datatype, shape, json_index or -1, binary_offset, binary_size) per input."""
+    def json_numbers(self, index: int) -> tuple[str, bytes] | None:
+        """JSON input `index`'s numbers as (numpy dtype, little-endian bytes)."""
