@@ -38,3 +38,11 @@ class CheckedBody:
         """(name, datatype, shape, json_index or -1, binary_offset, binary_size) per input."""
     def json_numbers(self, index: int) -> tuple[str, bytes] | None:
         """JSON input `index`'s numbers as (numpy dtype, little-endian bytes)."""
+
+class AnswerNotV2(ValueError):
+    """Triton's answer is not what the v2 protocol says."""
+
+def screen_infer_response(
+    body: bytes, header_length: int | None, is_hidden: Callable[[str], bool] | None, check_non_finite: bool
+) -> tuple[bytes | None, int | None, list[str], list[str]]:
+    """(new body or None when untouched, header length, dropped outputs, non-finite outputs)."""

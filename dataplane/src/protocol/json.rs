@@ -115,6 +115,26 @@ struct Parser<'a> {
     pos: usize,
 }
 
+/// A document with the byte spans (start, end) of the elements of one of its arrays.
+pub type WithSpans<'t> = (Value<'t>, Option<Vec<(usize, usize)>>);
+
+/// The document, and the byte span of each element of the array under the top-level key `key` (None
+/// when the document has no such array): what lets a caller cut elements out of the text and keep the
+/// others byte for byte.
+pub fn parse_with_spans<'t>(bytes: &'t [u8], key: &str) -> Result<WithSpans<'t>, ParseError> {
+    let doc = parse(bytes)?;
+    let is_array = matches!(doc.get(key), Some(Value::Array(_)));
+    if !is_array {
+        return Ok((doc, None));
+    }
+    // A second walk over text now known to be valid: only the top level and the one array.
+    let source = std::str::from_utf8(bytes)
+        .map_err(|e| ParseError { offset: e.valid_up_to(), what: "Invalid encoding in string.".into() })?;
+    let mut parser = Parser { source, text: bytes, pos: 0 };
+    let spans = parser.spans_under(key).map_err(|e| *e)?;
+    Ok((doc, Some(spans)))
+}
+
 /// Errors are boxed inside the parser: a Result as small as its Value keeps the hot path lean.
 type Parsed<T> = Result<T, Box<ParseError>>;
 
@@ -239,6 +259,44 @@ impl<'a> Parser<'a> {
                     return Ok(Value::Array(items));
                 }
                 _ => return Err(self.error("Missing a comma or ']' after an array element.")),
+            }
+        }
+    }
+
+    /// Spans of the elements of the array under top-level `key` (the text is known to be valid JSON).
+    fn spans_under(&mut self, key: &str) -> Parsed<Vec<(usize, usize)>> {
+        let mut spans = Vec::new();
+        self.skip_ws();
+        self.pos += 1; // '{'
+        loop {
+            self.skip_ws();
+            if self.peek() != Some(b'"') {
+                return Ok(spans);
+            }
+            let name = self.string()?;
+            self.skip_ws();
+            self.pos += 1; // ':'
+            self.skip_ws();
+            if name == key && self.peek() == Some(b'[') {
+                self.pos += 1;
+                loop {
+                    self.skip_ws();
+                    if self.peek() == Some(b']') {
+                        return Ok(spans);
+                    }
+                    let start = self.pos;
+                    self.value(1)?;
+                    spans.push((start, self.pos));
+                    self.skip_ws();
+                    if self.peek() == Some(b',') {
+                        self.pos += 1;
+                    }
+                }
+            }
+            self.value(1)?;
+            self.skip_ws();
+            if self.peek() == Some(b',') {
+                self.pos += 1;
             }
         }
     }
@@ -449,6 +507,16 @@ mod tests {
             assert!(parse(bad).is_err(), "{:?} parsed", String::from_utf8_lossy(bad));
         }
         assert_eq!(parse(b"{not json").unwrap_err().offset, 1);
+    }
+
+    #[test]
+    fn spans_cut_elements_out_byte_for_byte() {
+        let text = br#"{"model_name":"m","outputs":[{"name":"a","data":[1]}, {"name":"b"} ,{"name":"c"}]}"#;
+        let (_, spans) = parse_with_spans(text, "outputs").unwrap();
+        let spans = spans.unwrap();
+        let pieces: Vec<&[u8]> = spans.iter().map(|(s, e)| &text[*s..*e]).collect();
+        assert_eq!(pieces, vec![&br#"{"name":"a","data":[1]}"#[..], br#"{"name":"b"}"#, br#"{"name":"c"}"#]);
+        assert!(parse_with_spans(b"{\"outputs\": 1}", "outputs").unwrap().1.is_none());
     }
 
     #[test]

@@ -1,4 +1,5 @@
 //! The rules of one request, wire-free: the same names as the Python package's `sidecar/serving/`.
 
+pub mod filtering;
 pub mod refusals;
 pub mod validation;
