@@ -11,8 +11,7 @@ given by the app: sidecar.app.request_counters), read by the waiting supervisor:
 does nothing more. Why a poll and not a threshold callback: a callback needs a comparison and a
 call per request on the request path (and, once the counters live in the compiled data plane, a
 call back into Python), paid by every request of every model, pacing on or off. The poll is paid
-by the supervisor: one read of the counters (about 1 us) a few times per round while traffic
-flows, aimed at the moment the count should reach N from the rate seen since the last look, and a
+by the supervisor: one look at the counters (about 3 us) twice per round while traffic flows, aimed at the moment the count should reach N from the rate seen since the last look, and a
 look every POLL_IDLE_S while no request comes (bench/RESULTS.md §5e has the figures).
 
 A model whose traffic goes through several versions counts per version that has golden cases of
