@@ -50,11 +50,11 @@ log = structlog.get_logger("sidecar.probes")
 CONFIRM_JITTER_MAX_S = 0.01
 
 
-#: Release cause for a model its owner unloaded (no golden files, no longer READY in Triton).
 #: Why a round started (the values of triton_sidecar_probe_rounds_total's cause, sidecar.metrics.ROUND_CAUSES).
 TIME, TRAFFIC, CONFIRMATION, EVENT = "time", "traffic", "confirmation", "event"
 
 
+#: Release cause for a model its owner unloaded (no golden files, no longer READY in Triton).
 UNLOADED_ON_PURPOSE = ("no longer READY in Triton and has no golden files: taken as unloaded on purpose, "
                        "not reloaded")
 
