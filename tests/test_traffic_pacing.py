@@ -13,7 +13,7 @@ import pytest
 
 from bench.repository import credit_risk_scores
 from sidecar.states import ModelState
-from tests.harness import GOLDEN, sidecar_config, wait_for
+from tests.harness import GOLDEN, looked_after, sidecar_config, wait_for
 from tests.proxy_support import credit_json, features
 
 MODEL = "credit_risk"
@@ -53,6 +53,8 @@ async def test_a_round_starts_once_the_model_has_served_n_requests_since_the_las
         assert status == 200, body
         # Fewer than N requests since the last round began: no round for traffic yet.
         assert _rounds(sidecar, "traffic") == 0, f"a traffic round started after {i + 1} requests"
+    await looked_after(sidecar, time.monotonic(), MODEL)
+    assert _rounds(sidecar, "traffic") == 0, f"a traffic round started after {every - 1} requests"
     status, _ = await _infer(sidecar, seed=every)
     assert status == 200
 

@@ -68,6 +68,11 @@ class TrafficCount:
         return self._base is not None
 
     @property
+    def looked_at(self) -> float:
+        """clock() of the supervisor's last look at the count (or of the round's start)."""
+        return self._last_look[0]
+
+    @property
     def probed(self) -> bool:
         """The model has golden cases: there is something for a traffic-paced round to check."""
         return bool(self._cases_for(self.model))
