@@ -3,7 +3,7 @@
 
     .venv/bin/python -m bench.soak [--minutes 4] [--clients 4] [--fault-every 20]
                                    [--faults kill,nan,drift,hang] [--hold-while-suspect-ms 50]
-                                   [--probe-interval 0.5]
+                                   [--probe-interval 0.5] [--every-requests 50 [--min-interval 0.05]]
 
 Two models behind the sidecar (`triton-sidecar run`, probes every 0.5 s, failure threshold 2, the flap
 guard raised for the planned faults): one copy of tests/models/faulty (the victim) and one steady
@@ -12,6 +12,9 @@ on this machine), each request with one of 512 random inputs; one client sends -
 the steady model. Every answer is judged against credit_risk's function (bench/repository.py):
 correct, wrong (finite but not the right scores, or a filtered output leaked), NaN served, 503 with
 Retry-After, 502, another status, a client timeout (--client-timeout, 10 s), a connection error.
+With --every-requests N the sidecar also starts a golden round once the victim has served N live
+requests since its last round began (`probes.every_requests`, issue 35), no sooner than
+--min-interval after it (`probes.min_interval_s`; unset: the sidecar's default).
 
 Faults cycle through --faults (kill: stub SIGKILL; nan: NaN weights; drift: scaled weights, finite
 but wrong answers; hang: execute() blocks forever; unload: by someone else), and each waits until
@@ -25,7 +28,10 @@ What passes: no NaN served, no client timeout, no other status or connection err
 model answers correctly every time, every fault healed, RSS grows by less than 10% and the open
 descriptors return to where they were. Wrong answers during a drift fault are reported against
 issue 23's targets (≤ 0.2 s of traffic, ≤ 0.02 s with --hold-while-suspect-ms 50), not failed on:
-they depend on the probe timing of the machine. Exit code 0 on pass, 1 on failure.
+they depend on the probe timing of the machine; with --every-requests, against issue 35's (≤ 100
+wrong answers per drift fault on average, ≤ 200 at worst). The report also gives the golden inferences
+the sidecar sent to the victim (its /metrics at the end) as a share of the victim's live requests, and
+its rounds by cause (time, traffic, confirmation, event). Exit code 0 on pass, 1 on failure.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.faults import FAULT_DESCRIPTIONS, FAULT_KINDS, FaultyModel
 from bench.inference import json_request
@@ -78,6 +85,8 @@ POLL_S = 0.05
 QUARANTINED = ("UNHEALTHY", "HEALING", "FAILED")
 #: Issue 23's targets for wrong answers per drift fault, in seconds of traffic (without / with hold).
 DRIFT_TARGET_S, DRIFT_TARGET_HOLD_S = 0.2, 0.02
+#: Issue 35's targets for wrong answers per drift fault with probes.every_requests (requests: mean, worst).
+DRIFT_TARGET_MEAN_REQUESTS, DRIFT_TARGET_WORST_REQUESTS = 100, 200
 
 
 @dataclass
@@ -93,6 +102,9 @@ class SoakSettings:
     warmup_s: float = 5.0
     probe_interval_s: float = 0.5
     failure_threshold: int = 2
+    #: probes.every_requests (0: off, rounds by time only) and probes.min_interval_s (None: the default).
+    every_requests: int = 0
+    min_interval_s: float | None = None
     #: proxy.upstream_timeout_s; None keeps the sidecar's default (30 s), as a user would run it.
     upstream_timeout_s: float | None = None
     #: proxy.hold_while_suspect_ms; None leaves it unset (the sidecar's default).
@@ -148,6 +160,9 @@ class SoakReport:
     examples_of_failures: list[dict[str, Any]] = field(default_factory=list)
     fd_kinds_start: dict[str, int] = field(default_factory=dict)
     fd_kinds_end: dict[str, int] = field(default_factory=dict)
+    #: The sidecar's probes of the victim from its /metrics at the end: golden inferences, rounds by
+    #: cause, and the golden inferences per live request the victim was sent.
+    probes: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -254,7 +269,7 @@ def _by_kind(faults: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     kinds: dict[str, dict[str, Any]] = {}
     for f in faults:
         k = kinds.setdefault(f["kind"], {"faults": 0, **{c: 0 for c in CATEGORIES if c != CORRECT},
-                                         "windows_s": [], "wrong_s_per_fault": []})
+                                         "windows_s": [], "wrong_s_per_fault": [], "wrong_per_fault": []})
         k["faults"] += 1
         for c in CATEGORIES:
             if c != CORRECT:
@@ -263,11 +278,14 @@ def _by_kind(faults: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             k["windows_s"].append(f["window_s"])
         if f["wrong_s_of_traffic"] is not None:
             k["wrong_s_per_fault"].append(f["wrong_s_of_traffic"])
+        k["wrong_per_fault"].append(f[WRONG])
     for k in kinds.values():
         k["mean_window_s"] = _round(float(np.mean(k["windows_s"])) if k["windows_s"] else None)
         k["max_wrong_s_per_fault"] = max(k["wrong_s_per_fault"], default=None)
         k["mean_wrong_s_per_fault"] = (round(float(np.mean(k["wrong_s_per_fault"])), 4)
                                        if k["wrong_s_per_fault"] else None)
+        k["mean_wrong_per_fault"] = round(float(np.mean(k["wrong_per_fault"])), 1) if k["wrong_per_fault"] else None
+        k["max_wrong_per_fault"] = max(k["wrong_per_fault"], default=None)
     return kinds
 
 
@@ -349,6 +367,12 @@ def _drift_verdict(by_kind: dict[str, dict[str, Any]], settings: SoakSettings) -
     hold = bool(settings.hold_while_suspect_ms)
     target = DRIFT_TARGET_HOLD_S if hold else DRIFT_TARGET_S
     worst, mean = drift["max_wrong_s_per_fault"], drift["mean_wrong_s_per_fault"]
+    if settings.every_requests:
+        worst_n, mean_n = drift["max_wrong_per_fault"], drift["mean_wrong_per_fault"]
+        met = mean_n <= DRIFT_TARGET_MEAN_REQUESTS and worst_n <= DRIFT_TARGET_WORST_REQUESTS
+        return (f"{'met' if met else 'missed'}: {mean_n:g} wrong answers per drift fault on average, {worst_n} at "
+                f"worst ({mean:.3f} / {worst:.3f} s of traffic) with every_requests {settings.every_requests} "
+                f"(target ≤ {DRIFT_TARGET_MEAN_REQUESTS} on average, ≤ {DRIFT_TARGET_WORST_REQUESTS} at worst)")
     return (f"{'met' if worst <= target else 'missed'}: at most {worst:.3f} s of traffic answered wrongly per "
             f"drift fault, {mean:.3f} s on average (target ≤ {target} s"
             f"{' with hold_while_suspect_ms' if hold else ''})")
@@ -425,6 +449,7 @@ async def _soak(settings: SoakSettings, triton: LocalTriton, sidecar: SidecarPro
             for task in load:
                 task.cancel()
             await asyncio.gather(*load, return_exceptions=True)
+        probes = await _victim_probes(session, sidecar.url)
     # Idle again: what is still open after the pools' idle timeouts is a leak.
     await asyncio.sleep(settings.settle_s)
     fds_end = open_fds(sidecar.pid)
@@ -433,7 +458,27 @@ async def _soak(settings: SoakSettings, triton: LocalTriton, sidecar: SidecarPro
     report = judge_soak(clients.outcomes, faults, settings, rss=(rss_start, rss_end), fds=(fds_start, fds_end),
                         samples=samples)
     report.fd_kinds_start, report.fd_kinds_end = fd_kinds_start, fd_kinds_end
+    # Live traffic is what reached the victim and came back as an answer (503s never reached Triton).
+    served = report.counts_victim[CORRECT] + report.counts_victim[WRONG]
+    report.probes = {**probes, "live_requests": served,
+                     "golden_per_live_request": round(probes["golden_inferences"] / served, 4) if served else None}
     return report
+
+
+async def _victim_probes(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    """The golden inferences the sidecar sent to the victim and its rounds by cause, from /metrics."""
+    async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=10)) as response:
+        text = await response.text()
+    golden, rounds = 0.0, {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("model") != VICTIM or not sample.name.endswith("_total"):
+                continue
+            if family.name == "triton_sidecar_probes" and sample.labels.get("probe") == "golden":
+                golden += sample.value
+            elif family.name == "triton_sidecar_probe_rounds":
+                rounds[sample.labels["cause"]] = int(sample.value)
+    return {"golden_inferences": int(golden), "rounds_by_cause": rounds}
 
 
 def _group_ports(kinds: dict[str, int], sidecar: SidecarProcess, triton: LocalTriton) -> dict[str, int]:
@@ -468,6 +513,11 @@ def run_soak(settings: SoakSettings, workdir: Path) -> SoakReport:
     healing: dict[str, Any] = {"backoff_initial_s": 0.5, "flap_max_heals": planned_faults + 5}
     if settings.unload_timeout_s is not None:
         healing["unload_timeout_s"] = settings.unload_timeout_s
+    probes: dict[str, Any] = {"interval_s": settings.probe_interval_s, "timeout_s": 2,
+                              "failure_threshold": settings.failure_threshold,
+                              "every_requests": settings.every_requests}
+    if settings.min_interval_s is not None:
+        probes["min_interval_s"] = settings.min_interval_s
     proxy: dict[str, Any] = {"retry_after_s": 1}
     if settings.upstream_timeout_s is not None:
         proxy["upstream_timeout_s"] = settings.upstream_timeout_s
@@ -479,8 +529,7 @@ def run_soak(settings: SoakSettings, workdir: Path) -> SoakReport:
         triton.start()
         sidecar = SidecarProcess(sidecar_settings(
             triton, models=models, golden_dir=golden_dir,
-            probes={"interval_s": settings.probe_interval_s, "timeout_s": 2,
-                    "failure_threshold": settings.failure_threshold},
+            probes=probes,
             healing=healing, proxy=proxy, filtering={"rules": [CREDIT_FILTER_RULE]},
             logging={"format": "json", "level": "info", "access_log_sample_rate": 0.0},
         ), workdir / "sidecar")
@@ -493,16 +542,21 @@ def markdown(result: dict[str, Any]) -> str:
     r = result["report"]
     columns = [c for c in CATEGORIES if c != CORRECT]
     lines = ["| fault kind | faults | " + " | ".join(columns)
-             + " | mean window s | wrong per fault, s of traffic: mean / worst |",
-             "|---|---|" + "---|" * (len(columns) + 2)]
+             + " | mean window s | wrong per fault: mean / worst | wrong per fault, s of traffic: mean / worst |",
+             "|---|---|" + "---|" * (len(columns) + 3)]
     for kind, k in r["by_kind"].items():
         lines.append(f"| {kind} | {k['faults']} | " + " | ".join(str(k[c]) for c in columns)
-                     + f" | {k['mean_window_s']} | {k.get('mean_wrong_s_per_fault')} / {k['max_wrong_s_per_fault']} |")
+                     + f" | {k['mean_window_s']} | {k['mean_wrong_per_fault']} / {k['max_wrong_per_fault']}"
+                     + f" | {k.get('mean_wrong_s_per_fault')} / {k['max_wrong_s_per_fault']} |")
     victim, steady = r["counts_victim"], r["counts_steady"]
     lines += ["", f"Victim: {victim['sent']} requests at {r['victim_rate']} correct answers/s: "
                   + ", ".join(f"{c} {victim[c]}" for c in CATEGORIES) + ".",
               f"Steady model: {steady['correct']} of {steady['sent']} correct.",
               f"Drift: {r['drift_verdict']}.",
+              f"Probes of the victim: {r['probes'].get('golden_inferences')} golden inferences for "
+              f"{r['probes'].get('live_requests')} live requests answered "
+              f"({r['probes'].get('golden_per_live_request')} per request); rounds by cause "
+              f"{r['probes'].get('rounds_by_cause')}.",
               f"RSS under load {r['rss_start_mb']} → {r['rss_end_mb']} MB; open fds idle {r['fds_start']} → "
               f"{r['fds_end']}; verdict: {'PASS' if r['passed'] else 'FAIL: ' + '; '.join(r['failures'])}"]
     return "\n".join(lines) + "\n"
@@ -520,6 +574,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="proxy.hold_while_suspect_ms for the sidecar (default: unset)")
     parser.add_argument("--probe-interval", type=float, default=0.5,
                         help="probes.interval_s for the sidecar (default 0.5): the drift window's floor")
+    parser.add_argument("--every-requests", type=int, default=0,
+                        help="probes.every_requests for the sidecar (default 0: off, rounds by time only)")
+    parser.add_argument("--min-interval", type=float, default=None,
+                        help="probes.min_interval_s for the sidecar (default: the sidecar's own)")
     parser.add_argument("--upstream-timeout", type=float, default=None,
                         help="proxy.upstream_timeout_s for the sidecar (default: the sidecar's own, 30 s)")
     parser.add_argument("--unload-timeout", type=float, default=None,
@@ -532,7 +590,8 @@ def main(argv: list[str] | None = None) -> int:
     interrupt_on_termination()
     settings = SoakSettings(duration_s=args.minutes * 60, clients=args.clients, fault_every_s=args.fault_every,
                             faults=faults, hold_while_suspect_ms=args.hold_while_suspect_ms,
-                            probe_interval_s=args.probe_interval,
+                            probe_interval_s=args.probe_interval, every_requests=args.every_requests,
+                            min_interval_s=args.min_interval,
                             upstream_timeout_s=args.upstream_timeout, unload_timeout_s=args.unload_timeout)
     machine = describe_machine()
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as scratch:

@@ -149,6 +149,15 @@ class ProbesSection:
     #: A guarded model without golden files is probed by readiness and metadata only; on, it also
     #: keeps /readyz at 503 (off by default: a model discovered in Triton may have no files yet).
     require_golden: bool = False
+    #: Besides the time schedule, start a model's round as soon as it has served this many live
+    #: requests since its last round began (0: off, rounds by time only). It bounds a silent fault
+    #: (finite but wrong answers) in requests rather than seconds, whatever the load; it costs one
+    #: golden inference per case per N live requests (Triton's load x (1 + cases/N)).
+    every_requests: int = 0
+    #: Floor (s) between the starts of two traffic-paced rounds of one model: under any load a model
+    #: gets at most 1/min_interval_s rounds a second from its traffic (20 with 0.05 s), which bounds
+    #: what the probes take from Triton. Confirmations and the time schedule do not wait for it.
+    min_interval_s: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -503,6 +512,8 @@ CONFIG_SCHEMA: dict[str, Any] = {
             success_threshold=_int(1),
             jitter=_num(minimum=0, maximum=0.5),
             require_golden=_BOOL,
+            every_requests=_int(0),
+            min_interval_s=_POSITIVE,
         ),
         "healing": _section(
             enabled=_BOOL,

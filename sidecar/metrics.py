@@ -34,6 +34,12 @@ EVENT_COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 
 ROLLOUT_STATES = ("gating", "progressing", "promoted", "aborted")
 
 
+#: Why a model's probe round started (sidecar.health.supervisor): its time schedule, its traffic
+#: (probes.every_requests), the confirmation of a failed round, or an event (a passive signal from
+#: traffic, golden files changed, Triton's late verdict).
+ROUND_CAUSES = ("time", "traffic", "confirmation", "event")
+
+
 HEAL_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -55,6 +61,11 @@ class SidecarMetrics:
                                         ["model", "probe"], buckets=LATENCY_BUCKETS, registry=registry)
         self.consecutive_failures = Gauge(f"{PREFIX}_probe_consecutive_failures",
                                           "Probe rounds failed in a row, per model.", ["model"], registry=registry)
+        self.probe_rounds = Counter(f"{PREFIX}_probe_rounds", "Probe rounds started, by model and cause (time: "
+                                    "the interval; traffic: probes.every_requests live requests served; "
+                                    "confirmation: a failed round confirmed at once; event: a passive signal, "
+                                    "golden files changed or a late verdict).", ["model", "cause"],
+                                    registry=registry)
         self.model_state = Gauge(f"{PREFIX}_model_state", "1 for the model's current state, 0 for the others.",
                                  ["model", "state"], registry=registry)
 
@@ -181,6 +192,8 @@ class SidecarMetrics:
         for state in ModelState:
             self.model_state.labels(model=model, state=state.value).set(0)
         self.consecutive_failures.labels(model=model).set(0)
+        for cause in ROUND_CAUSES:
+            self.probe_rounds.labels(model=model, cause=cause)
         for result in ("success", "failure"):
             self.heal_attempts.labels(model=model, result=result)
         self.escalations.labels(model=model)

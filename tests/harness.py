@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.app.factory import create_app
 from sidecar.config import SidecarConfig, load_config
 from sidecar.devtools.tritonserver import LocalTriton, stub_pids
-from sidecar.fronts.appkeys import STATES
+from sidecar.fronts.appkeys import ROSTER, STATES
 from sidecar.fronts.http_listener import SidecarListener
 from sidecar.golden.cases import load_golden_dir
 from sidecar.health.triton_client import TritonClient
@@ -245,3 +245,8 @@ class EndpointRecorder:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
 
+
+async def looked_after(sidecar: RunningSidecar, moment: float, model: str) -> None:
+    """Wait until the model's supervisor has looked at its request count after `moment` (monotonic)."""
+    traffic = sidecar.app[ROSTER].supervisors.get(model).traffic  # type: ignore[union-attr]
+    await wait_for(lambda: traffic.looked_at > moment, 2, interval=0.005, what="the supervisor's next look")

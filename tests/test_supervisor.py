@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,17 +22,19 @@ from structlog.testing import capture_logs
 
 from sidecar.app.factory import create_app
 from sidecar.app.kubelet import liveness_problems
+from sidecar.app.request_counters import RequestCounters
 from sidecar.config import SidecarConfig
 from sidecar.fronts.appkeys import HEALER, METRICS, PROBER, ROSTER, STATES, WATCH
 from sidecar.health.healer import Healer
 from sidecar.health.probe_round import GOLDEN, MODEL_READY, ProbeResult, RoundResult
 from sidecar.health.supervisor import UNLOADED_ON_PURPOSE, LateVerdict, ModelSupervisor
 from sidecar.health.tasks import CRASH_BACKOFF_MAX_S, CrashRecord, crash_backoff, supervise
+from sidecar.health.traffic_pace import POLL_IDLE_S, POLL_MIN_S, TrafficCount
 from sidecar.health.triton_client import TritonClient
 from sidecar.health.triton_watch import TritonWatch
 from sidecar.metrics import SidecarMetrics
 from sidecar.protocol.triton_errors import StubUnhealthy, TritonUnavailable
-from sidecar.states import ModelState, ModelStates, Transition
+from sidecar.states import ModelHealth, ModelState, ModelStates, Transition
 
 MODEL = "m"
 
@@ -389,3 +392,66 @@ async def test_a_connect_failure_reported_by_traffic_stands_until_the_next_check
     clock.now += 1
     await watch.check()
     assert watch.ready and watch.detail == "ready"
+
+
+# -- rounds paced by traffic: the count ------------------------------------------------------------------
+
+
+def _count(cases: list[str], served: dict[tuple[str, str], int], *, default: str = "2",
+           loaded: tuple[str, ...] = ("1", "2")) -> TrafficCount:
+    health = ModelHealth(MODEL, failure_threshold=3, success_threshold=1)
+    health.default_version, health.loaded_versions = default, loaded
+    golden = [SimpleNamespace(version=v) for v in cases]
+    return TrafficCount(MODEL, lambda model, version: served.get((model, version), 0),
+                        cases_for=lambda model: golden,  # type: ignore[arg-type,return-value]
+                        health=lambda: health, clock=FakeClock())
+
+
+def test_unversioned_cases_count_every_request_the_model_served():
+    served = {(MODEL, ""): 100}
+    count = _count([""], served)
+    assert count.since() is None, "no round has begun: nothing counted yet"
+    count.mark()
+    served[(MODEL, "")] = 130
+    assert count.since() == 30
+
+
+def test_each_version_with_cases_of_its_own_counts_its_own_requests():
+    """v1 pinned by a few clients, the rest unversioned (Triton's default, v2): a round is due when
+    either version with golden cases has served N, not when the model has."""
+    served = {(MODEL, ""): 100, (MODEL, "1"): 10}
+    count = _count(["1", "2"], served)
+    count.mark()
+    served[(MODEL, "")], served[(MODEL, "1")] = 150, 15  # 5 more to v1 by name, 45 unversioned to v2
+    assert count.since() == 45
+    served[(MODEL, "")], served[(MODEL, "1")] = 210, 75  # 60 more to v1, none to v2
+    assert count.since() == 65
+
+
+def test_the_next_look_is_aimed_at_the_nth_request_from_the_rate_seen():
+    clock = FakeClock()
+    served = {(MODEL, ""): 0}
+    count = _count([""], served)
+    count._clock = clock  # type: ignore[attr-defined]
+    count.mark()
+    assert count.next_look(50, 0) == POLL_IDLE_S, "no request yet: the idle look"
+    clock.now += 0.01
+    served[(MODEL, "")] = 20  # 2,000 req/s: 30 more in 15 ms
+    assert count.next_look(50, count.since()) == pytest.approx(0.015)
+    clock.now += 0.015
+    assert count.next_look(50, 49) == POLL_MIN_S
+
+
+def test_request_counters_read_the_counters_metrics_exports_without_adding_series():
+    registry = CollectorRegistry()
+    metrics = SidecarMetrics(registry)
+    counters = RequestCounters(metrics)
+    assert counters.served(MODEL) == 0 and counters.served(MODEL, "1") == 0
+    assert registry.get_sample_value("triton_sidecar_proxy_requests_total",
+                                     {"protocol": "http", "model": MODEL, "code": "200"}) is None
+    metrics.proxy_requests.labels(protocol="http", model=MODEL, code="200").inc(3)
+    metrics.proxy_requests.labels(protocol="grpc", model=MODEL, code="OK").inc(2)
+    metrics.proxy_requests.labels(protocol="http", model=MODEL, code="400").inc(7)  # refused: not served
+    metrics.routed.labels(model=MODEL, version="1", reason="pinned").inc(2)
+    metrics.routed.labels(model=MODEL, version="1", reason="shadow").inc(9)  # the sidecar's own copies
+    assert counters.served(MODEL) == 5 and counters.served(MODEL, "1") == 2

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 from bench.repository import credit_risk_scores
 from sidecar.devtools.tritonserver import LocalTriton, stub_pids
 from sidecar.states import ModelState
-from tests.harness import FAULTY_TEMPLATE, GOLDEN, sidecar_config, triton_post, wait_for
+from tests.harness import FAULTY_TEMPLATE, GOLDEN, looked_after, sidecar_config, triton_post, wait_for
 from tests.proxy_support import credit_json, features
 
 _names = iter(range(1_000_000))
@@ -104,3 +105,26 @@ async def test_a_broken_version_is_healed_by_a_reload(two_versions, start):
     for version in ("1", "2", ""):
         code, scores = await _scores(sidecar, model, version)
         assert code == 200 and np.allclose(scores, expected, atol=1e-5), (version, scores)
+
+
+async def test_each_version_with_golden_cases_of_its_own_counts_its_own_requests_for_traffic_rounds(
+        two_versions, start):
+    """probes.every_requests 10: 9 requests to version 1 by name and 9 unversioned (Triton's choice,
+    version 2) start no round, though the model served 18; the 10th to version 1 does."""
+    model, every = two_versions.name, 10
+    sidecar = await start(sidecar_config(two_versions.triton, models=[model], golden_dir=two_versions.golden_dir,
+                                         probes={"interval_s": 60.0, "jitter": 0.0, "every_requests": every}))
+    await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what="HEALTHY")
+
+    def traffic_rounds() -> float:
+        return sidecar.metric("triton_sidecar_probe_rounds_total", model=model, cause="traffic") or 0.0
+
+    for _ in range(every - 1):
+        for version in ("1", ""):
+            status, answer = await _scores(sidecar, model, version)
+            assert status == 200, answer
+    await looked_after(sidecar, time.monotonic(), model)
+    assert traffic_rounds() == 0, "a round started on the model's 18 requests, not on a version's 10"
+    status, answer = await _scores(sidecar, model, "1")
+    assert status == 200, answer
+    await wait_for(lambda: traffic_rounds() == 1, 2, interval=0.005, what="a round paced by version 1's traffic")

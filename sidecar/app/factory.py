@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.app.drift_references import ReferenceWatch, load_references
 from sidecar.app.drift_routes import record_reference
 from sidecar.app.kubelet import healthz, metrics_endpoint, readyz, status
+from sidecar.app.request_counters import RequestCounters
 from sidecar.config import SidecarConfig
 from sidecar.fronts.appkeys import (
     CONFIG,
@@ -128,7 +129,10 @@ def create_app(
                                doubts=_health_doubts(app[LIVE], supervisors))
     app[ROSTER] = Roster(triton=triton, states=states, prober=app[PROBER], healer=app[HEALER], metrics=metrics,
                          config=lambda: live.config, cases_for=store.cases_for,
-                         forget=app[SERVING].forget_model, supervisors=supervisors, clock=clock)
+                         forget=app[SERVING].forget_model, supervisors=supervisors, clock=clock,
+                         # The live requests rounds are paced by (probes.every_requests): the data
+                         # plane's own counters, read by the supervisors, never per request.
+                         served=RequestCounters(metrics).served)
     app[UPSTREAM_POOL] = UpstreamPool(config.triton.url, connect_timeout_s=config.proxy.connect_timeout_s)
     app[DOCUMENT_POOL] = UpstreamPool(config.triton.url, connect_timeout_s=config.proxy.connect_timeout_s,
                                       max_idle=4)

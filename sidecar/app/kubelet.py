@@ -116,6 +116,10 @@ async def status(request: web.Request) -> web.Response:
             "drift": drift.status(health.model),
             # A failed round is being confirmed at once (sidecar.health.supervisor).
             "suspect": health.suspect,
+            # Rounds paced by traffic (probes.every_requests): live requests served since the last
+            # round began, and why that round started (time, traffic, confirmation, event).
+            "requests_since_round": supervisor.requests_since_round() if supervisor is not None else None,
+            "last_round_cause": supervisor.last_round_cause if supervisor is not None else None,
             "supervisor": _supervisor_status(supervisor, stall_s) if supervisor is not None else None,
         }
     body = {

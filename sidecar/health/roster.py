@@ -25,6 +25,7 @@ from sidecar.health.healer import Healer
 from sidecar.health.prober import Prober
 from sidecar.health.supervisor import UNLOADED_ON_PURPOSE, ModelSupervisor, ProbeSoon, Supervisors
 from sidecar.health.tasks import supervise
+from sidecar.health.traffic_pace import ServedRequests
 from sidecar.health.triton_client import TritonClient
 from sidecar.metrics import SidecarMetrics
 from sidecar.protocol.triton_errors import TritonError, TritonUnavailable
@@ -53,7 +54,10 @@ class Roster:
         forget: Callable[[str], None],
         supervisors: Supervisors,
         clock: Callable[[], float] = time.monotonic,
+        served: ServedRequests | None = None,
     ) -> None:
+        """`served`: the data plane's live requests per model and version, for rounds paced by
+        traffic (probes.every_requests); None counts none."""
         self._triton = triton
         self._states = states
         self._prober = prober
@@ -63,6 +67,7 @@ class Roster:
         self._cases_for = cases_for
         self._forget = forget
         self._clock = clock
+        self._served = served
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.supervisors = supervisors
         self._wake = asyncio.Event()
@@ -148,7 +153,7 @@ class Roster:
             log.info("model_guarded", model=model, golden_cases=cases)
         supervisor = ModelSupervisor(model, states=self._states, prober=self._prober, healer=self._healer,
                                      triton=self._triton, metrics=self._metrics, config=self._config,
-                                     cases_for=self._cases_for, clock=self._clock)
+                                     cases_for=self._cases_for, clock=self._clock, served=self._served)
         self.supervisors.add(supervisor)
         self._tasks[model] = asyncio.create_task(self._supervised(supervisor), name=f"supervisor:{model}")
 

@@ -12,7 +12,9 @@ Schedule: rounds start every `probes.interval_s` (± jitter), start to start. A 
 confirmed at once: the next round starts after a few milliseconds, not an interval, so a model
 crosses `failure_threshold` (consecutive failed rounds) within the time its probes take; while that
 confirmation runs the model is flagged SUSPECT (`ModelStates.set_suspect`). A passing confirmation
-returns to the normal schedule.
+returns to the normal schedule. With `probes.every_requests` a round also starts as soon as the model
+has served that many live requests since its last round began (sidecar.health.traffic_pace), never
+sooner than `probes.min_interval_s` after it; rounds run one at a time, in this loop only.
 
 Heartbeat: `last_round_at` is the clock time of the last completed pass (and, during a heal, of the
 last check that the heal still runs): a supervisor that has not completed one for
@@ -34,6 +36,7 @@ from sidecar.health.healer import Healer, HealOutcome
 from sidecar.health.probe_round import RoundResult
 from sidecar.health.prober import Prober
 from sidecar.health.tasks import CrashRecord
+from sidecar.health.traffic_pace import ServedRequests, TrafficCount
 from sidecar.health.triton_client import TritonClient
 from sidecar.metrics import SidecarMetrics
 from sidecar.protocol.triton_errors import StubUnhealthy, TritonError, TritonUnavailable
@@ -45,6 +48,10 @@ log = structlog.get_logger("sidecar.probes")
 #: Longest delay (s) before a confirmation round: a few milliseconds of jitter so that models that
 #: failed together (Triton busy) do not confirm in lockstep; short against any probe interval.
 CONFIRM_JITTER_MAX_S = 0.01
+
+
+#: Why a round started (the values of triton_sidecar_probe_rounds_total's cause, sidecar.metrics.ROUND_CAUSES).
+TIME, TRAFFIC, CONFIRMATION, EVENT = "time", "traffic", "confirmation", "event"
 
 
 #: Release cause for a model its owner unloaded (no golden files, no longer READY in Triton).
@@ -90,6 +97,7 @@ class ModelSupervisor:
         cases_for: Callable[[str], Sequence[GoldenCase]],
         clock: Callable[[], float],
         rng: random.Random | None = None,
+        served: ServedRequests | None = None,
     ) -> None:
         self.model = model
         self._states = states
@@ -108,6 +116,11 @@ class ModelSupervisor:
         self.last_round_at = clock()
         #: The last round failed and the next one confirms it at once.
         self.confirming = False
+        #: Why the last round started (TIME, TRAFFIC, CONFIRMATION, EVENT); None before the first.
+        self.last_round_cause: str | None = None
+        #: Live requests since the last round began (None: the app counts no traffic for the health loop).
+        self.traffic = None if served is None else TrafficCount(
+            model, served, cases_for=prober.cases_for, health=self._health, clock=clock)
 
     # -- events -----------------------------------------------------------------------------------------
 
@@ -145,13 +158,15 @@ class ModelSupervisor:
         # Spread the first rounds too, so 100 models don't all fire at start-up.
         probes = self._config().probes
         await self.wait(self._rng.uniform(0, probes.interval_s * probes.jitter))
+        cause = TIME
         while True:
             started = self._clock()
-            release = await self.reconcile()
+            release = await self.reconcile(cause)
             if release is not None:
                 return release or None
             self.beat()
-            await self.wait(self.next_delay(started))
+            woken_by = await self.wait(self.next_delay(started))
+            cause = CONFIRMATION if self.confirming else woken_by
 
     def beat(self) -> None:
         """A pass completed: the heartbeat moves and any crash streak is over."""
@@ -171,24 +186,58 @@ class ModelSupervisor:
         wait = probes.interval_s * self._rng.uniform(1 - probes.jitter, 1 + probes.jitter)
         return max(0.0, wait - (self._clock() - started))
 
-    async def wait(self, seconds: float) -> None:
-        """Sleep `seconds`, handling events as they come; ends early on an event that asks to."""
+    async def wait(self, seconds: float) -> str:
+        """Sleep `seconds`, handling events as they come; ends early on an event that asks to (EVENT)
+        or, with `probes.every_requests`, once the model has served that many requests since its last
+        round began and `probes.min_interval_s` has passed since (TRAFFIC); else TIME."""
         deadline = self._clock() + seconds
         while True:
+            now = self._clock()
+            timeout, until_deadline = deadline - now, True
+            every = self._paced_every()
+            if every:
+                assert self.traffic is not None
+                since = self.traffic.since() or 0
+                if since >= every:
+                    floor_at = self.traffic.marked_at + self._config().probes.min_interval_s
+                    if now >= floor_at:
+                        return TRAFFIC
+                    look = floor_at - now  # due: start at the floor, not before
+                else:
+                    look = self.traffic.next_look(every, since)
+                if look < timeout:
+                    timeout, until_deadline = look, False
             try:
-                async with asyncio.timeout(max(0.0, deadline - self._clock())):
+                async with asyncio.timeout(max(0.0, timeout)):
                     event = await self._events.get()
             except TimeoutError:
-                return
+                if until_deadline:
+                    return TIME
+                continue
             if self._handle(event):
-                return
+                return EVENT
 
-    async def reconcile(self) -> str | None:
+    def _paced_every(self) -> int:
+        """probes.every_requests while traffic paces this model's rounds now, else 0: pacing is off,
+        a confirmation is due (it does not wait), no round ran yet, or no golden case to run."""
+        every = self._config().probes.every_requests
+        traffic = self.traffic
+        if not every or traffic is None or self.confirming or not traffic.counting or not traffic.probed:
+            return 0
+        return every
+
+    def requests_since_round(self) -> int | None:
+        """Live requests served since the last round began (None: not counted, or no round yet)."""
+        return None if self.traffic is None else self.traffic.since()
+
+    async def reconcile(self, cause: str = TIME) -> str | None:
         """One pass: probe (unless the model is already judged), then heal or release an UNHEALTHY
-        model. Returns a release cause, "" when a heal was stopped from outside, else None."""
+        model. Returns a release cause, "" when a heal was stopped from outside, else None.
+        `cause`: why this pass runs (counted when it runs a round)."""
         if self._health().state is ModelState.FAILED:
             return None  # terminal until a restart: nothing to probe or heal
         if not (self._health().state is ModelState.UNHEALTHY and self._healer.allowed):
+            self._round_begins(cause)
             self.apply_round(await self._prober.run_round(self.model))
         if self._health().state is not ModelState.UNHEALTHY or not self._healer.allowed:
             return None
@@ -196,6 +245,13 @@ class ModelSupervisor:
             return UNLOADED_ON_PURPOSE
         outcome = await self._heal()
         return "" if outcome is None else None
+
+    def _round_begins(self, cause: str) -> None:
+        """Count live requests from here, and say why this round runs (/status, metrics)."""
+        if self.traffic is not None:
+            self.traffic.mark()
+        self.last_round_cause = cause
+        self._metrics.probe_rounds.labels(model=self.model, cause=cause).inc()
 
     # -- judging a round --------------------------------------------------------------------------------
 
