@@ -134,7 +134,9 @@ async def test_a_drifted_model_is_quarantined_within_about_n_requests_with_a_lon
             wrong += 1
     else:
         pytest.fail(f"still served after {20 * every} requests")
-    # N since the last round began, plus those served while the failing round and its confirmation ran.
-    assert 0 < wrong <= 2 * every, f"{wrong} wrong answers served with every_requests {every}"
+    # N since the last round began, plus those served while the supervisor's next look at the count
+    # was due (aimed from the rate it saw, at most 0.1 s late) and while the failing round and its
+    # confirmation ran: 51 was seen once on a loaded machine. Time alone (60 s) would serve them all.
+    assert 0 < wrong <= 4 * every, f"{wrong} wrong answers served with every_requests {every}"
     assert _rounds(sidecar, "traffic", model) >= 1 and _rounds(sidecar, "time", model) == 1
     await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 30, what=f"{model} healed")
