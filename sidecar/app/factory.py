@@ -120,7 +120,8 @@ def create_app(
     # The record is opened first among the health loop's parts: a folder that is missing stops the
     # start (ConfigError naming healing.escalation_record_file).
     app[ESCALATION] = RestartEscalation(
-        record=EscalationRecord.open(config.healing.escalation_record_file), metrics=metrics,
+        record=EscalationRecord.open(config.healing.escalation_record_file, source=config.source),
+        metrics=metrics,
         config=lambda: app[LIVE].config, states=states, triton=triton, probe_soon=supervisors.probe_soon,
         guarded=lambda: [s.model for s in supervisors], clock=clock)
     drift = DriftMonitor(config.drift, references, count_nan=not config.validation.reject_non_finite)

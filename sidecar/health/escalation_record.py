@@ -54,19 +54,19 @@ class EscalationRecord:
         self.last: PastEscalation | None = None
 
     @classmethod
-    def open(cls, setting: str, *, wall: Callable[[], float] = time.time) -> EscalationRecord:
-        """The record at `healing.escalation_record_file` ("" : in memory only). A folder that does not
-        exist or cannot be written stops the start (ConfigError naming the key): the record would be
-        lost at the first restart, silently."""
+    def open(cls, setting: str, *, source: str = "defaults", wall: Callable[[], float] = time.time) -> EscalationRecord:
+        """The record at `healing.escalation_record_file` ("" : in memory only), set in `source` (the
+        config file). A folder that does not exist or cannot be written stops the start (ConfigError
+        naming the file and key): the record would be lost at the first restart, silently."""
         if not setting:
             return cls(None, wall=wall)
         path = Path(setting)
         folder = path.parent
+        key = f"{source}: key 'healing.escalation_record_file'"
         if not folder.is_dir():
-            raise ConfigError(f"healing.escalation_record_file: folder {folder} does not exist "
-                              "(mount an emptyDir there)")
-        if not os.access(folder, os.W_OK):
-            raise ConfigError(f"healing.escalation_record_file: folder {folder} is not writable")
+            raise ConfigError(f"{key}: folder {folder} does not exist (mount an emptyDir there)")
+        if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            raise ConfigError(f"{key}: {path} cannot be written")
         record = cls(path, wall=wall)
         record._read()
         return record
