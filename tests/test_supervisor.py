@@ -25,7 +25,15 @@ from sidecar.config import SidecarConfig
 from sidecar.fronts.appkeys import ESCALATION, HEALER, METRICS, PROBER, ROSTER, STATES, WATCH
 from sidecar.health.escalation import RestartEscalation
 from sidecar.health.escalation_record import EscalationRecord, PastEscalation
-from sidecar.health.fault_scope import Evidence, Failure, devices_of, failure_of, judge, judge_after_reload
+from sidecar.health.fault_scope import (
+    NO_ANSWER,
+    Evidence,
+    Failure,
+    devices_of,
+    failure_of,
+    judge,
+    judge_after_reload,
+)
 from sidecar.health.healer import Healer
 from sidecar.health.probe_round import GOLDEN, MODEL_READY, ProbeResult, RoundResult
 from sidecar.health.supervisor import UNLOADED_ON_PURPOSE, LateVerdict, ModelSupervisor
@@ -149,7 +157,7 @@ class Rig:
 def rig(rounds: list[RoundResult], *, verify: list[RoundResult] | None = None, golden: bool = True,
         repository: ScriptedRepository | None = None, probes: dict[str, Any] | None = None,
         healing: dict[str, Any] | None = None, models: tuple[str, ...] = (MODEL,),
-        record: EscalationRecord | None = None) -> Rig:
+        record: EscalationRecord | None = None, others: tuple[str, ...] = ()) -> Rig:
     base = SidecarConfig()
     config = replace(base, models=models,
                      probes=replace(base.probes, **{"interval_s": 5.0, "failure_threshold": 3, **(probes or {})}),
@@ -171,7 +179,7 @@ def rig(rounds: list[RoundResult], *, verify: list[RoundResult] | None = None, g
     escalation = RestartEscalation(record=record or EscalationRecord(None, wall=lambda: clock.now),
                                    metrics=metrics, config=lambda: config, states=states,
                                    triton=repository, probe_soon=lambda model, cause: None,  # type: ignore[arg-type]
-                                   guarded=lambda: [MODEL], clock=clock)
+                                   guarded=lambda: [MODEL, *others], clock=clock)
     supervisor = ModelSupervisor(MODEL, states=states, prober=prober, healer=healer,  # type: ignore[arg-type]
                                  escalation=escalation, triton=repository, metrics=metrics, config=lambda: config,  # type: ignore[arg-type]
                                  cases_for=lambda model: ("a case",) if golden else (),  # type: ignore[arg-type,return-value]
@@ -357,6 +365,19 @@ async def test_within_the_cooldown_other_evidence_goes_the_reload_ladder_and_the
     await passes(again, 5)
     assert again.repository.calls == [] and again.escalation.active is not None, "the same evidence is back"
     assert EscalationRecord.open(str(tmp_path / "escalations.json")).count == 2
+
+
+async def test_tritons_verdict_on_a_dead_stub_makes_it_the_models_own_fault_even_when_another_model_timed_out():
+    timed_out = RoundResult(MODEL, (ProbeResult(GOLDEN, False, 0.3, "no answer within 0.3 s", "normal", True),))
+    r = rig([passed(), timed_out, passed()], probes={"failure_threshold": 5}, others=("other",))
+    r.escalation.judged("other", Failure("other", r.clock.now, NO_ANSWER, "no answer within 0.3 s"))
+    await passes(r, 2)
+    assert r.state is ModelState.DEGRADED
+    r.supervisor.tell(LateVerdict(StubUnhealthy(500, "Stub process 'm_0_0' is not healthy.")))
+    await r.supervisor.wait(0)  # hears the event
+    assert r.state is ModelState.UNHEALTHY
+    await passes(r, 1)
+    assert r.repository.calls[:2] == ["unload", "load"] and r.escalation.active is None
 
 
 def test_breadth_device_and_history_verdicts():

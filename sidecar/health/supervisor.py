@@ -129,6 +129,9 @@ class ModelSupervisor:
         under way polls it to stop waiting for an unload that never finishes."""
         if isinstance(event, StubDead | LateVerdict):
             self._healer.note_stub_dead(self.model)
+            # Triton's verdict on this model's own stub: whatever the round saw (often a timeout, which
+            # several models may share), the fault is the model's, and a reload heals it.
+            self._failure = Failure(self.model, self._clock(), "", "Triton declared the model's stub process dead")
         if not isinstance(event, StubDead):
             self._events.put_nowait(event)
 
