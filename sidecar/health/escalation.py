@@ -105,7 +105,8 @@ class RestartEscalation:
         window_s = settings.probes.interval_s * (1 + settings.probes.jitter)
         if failure.signature and not failure.sticky:
             await self._hear_the_others(failure.model, since, settings.probes.timeout_s + BREADTH_SLACK_S)
-        latest = {m: f for m, f in self._latest.items() if m in set(self._guarded())}
+        guarded = set(self._guarded())
+        latest = {m: f for m, f in self._latest.items() if m in guarded}
         found = judge(failure, latest, since=since, window_s=window_s,
                       min_models=settings.healing.process_fault_min_models, devices={})
         if found.process or len(found.models) < 2:
