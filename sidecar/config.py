@@ -180,6 +180,23 @@ class HealingSection:
     #: fault comes back whatever we do, so the model goes FAILED instead of reloading forever.
     flap_window_s: float = 3600.0
     flap_max_heals: int = 5
+    #: Regular expressions (case-insensitive) of Triton error text that names a fault of Triton's process,
+    #: not of one model, added to the sticky CUDA errors built in
+    #: (sidecar.protocol.triton_errors.STICKY_CUDA_ERRORS): such a failure restarts Triton at once.
+    process_fault_patterns: tuple[str, ...] = ()
+    #: Guarded models failing within one probe interval with the same Triton error (an error answer or
+    #: no answer) that make the fault the process's: restart at once instead of reloading each. Two
+    #: models broken the same way at the same moment are rarely two faults of their own.
+    process_fault_min_models: int = 2
+    #: After an escalation to a restart, another one within this many seconds (s) needs the same
+    #: evidence (the same sticky error, the same shared error); other evidence goes the reload ladder.
+    #: 1800 s covers a restart and a reload of large models, so weaker evidence cannot restart a pod
+    #: in a loop.
+    escalation_cooldown_s: float = 1800.0
+    #: JSON file that keeps the escalations across the sidecar's own restarts: on an emptyDir, which
+    #: lives as long as the pod, so /status and the metric count restarts that did not help. "" keeps
+    #: them in memory (lost with the process, and with them the cooldown).
+    escalation_record_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -525,6 +542,11 @@ CONFIG_SCHEMA: dict[str, Any] = {
             max_concurrent=_int(1),
             flap_window_s=_POSITIVE,
             flap_max_heals=_int(1),
+            process_fault_patterns={"type": "array", "items": {"type": "string", "minLength": 1},
+                                    "uniqueItems": True},
+            process_fault_min_models=_int(2),
+            escalation_cooldown_s=_num(minimum=0),
+            escalation_record_file=_STR,
         ),
         "liveness": _section(triton_unreachable_grace_s=_num(minimum=0), watchdog_stall_s=_POSITIVE),
         "lifecycle": _section(drain_s=_num(minimum=0)),
@@ -693,6 +715,12 @@ def _check_cross_field_rules(raw: dict[str, Any], source: str) -> None:
     healing = raw.get("healing", {})
     if healing.get("backoff_initial_s", 1.0) > healing.get("backoff_max_s", 30.0):
         raise ConfigError(f"{source}: key 'healing.backoff_initial_s' must not exceed healing.backoff_max_s")
+    for i, pattern in enumerate(healing.get("process_fault_patterns", [])):
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ConfigError(f"{source}: key 'healing.process_fault_patterns.{i}': not a regular expression: "
+                              f"{e}") from e
     _check_tls_keys(raw.get("tls", {}), raw.get("listen", {}), source)
     for model, rollout in raw.get("rollouts", {}).items():
         if str(rollout["stable"]) == str(rollout["candidate"]):
@@ -745,6 +773,12 @@ def _drift(raw: Mapping[str, Any]) -> DriftSection:
     return DriftSection(**values)
 
 
+def _healing(raw: Mapping[str, Any]) -> HealingSection:
+    values = dict(raw)
+    values["process_fault_patterns"] = tuple(values.get("process_fault_patterns", ()))
+    return HealingSection(**values)
+
+
 def _tls(raw: Mapping[str, Any]) -> TlsSection:
     values = dict(raw)
     values["client_allowed_sans"] = tuple(values.get("client_allowed_sans", ()))
@@ -780,7 +814,7 @@ def _build(raw: dict[str, Any], source: str) -> SidecarConfig:
         golden_dir=Path(raw.get("golden_dir", "golden_requests")),
         models=tuple(raw.get("models", ())),
         probes=ProbesSection(**raw.get("probes", {})),
-        healing=HealingSection(**raw.get("healing", {})),
+        healing=_healing(raw.get("healing", {})),
         liveness=LivenessSection(**raw.get("liveness", {})),
         lifecycle=LifecycleSection(**raw.get("lifecycle", {})),
         validation=ValidationSection(**validation),

@@ -39,6 +39,9 @@ ROLLOUT_STATES = ("gating", "progressing", "promoted", "aborted")
 #: traffic, golden files changed, Triton's late verdict).
 ROUND_CAUSES = ("time", "traffic", "confirmation", "event")
 
+#: The evidence that escalates a fault to a restart (sidecar.health.fault_scope.Evidence's values).
+ESCALATION_CAUSES = ("sticky_error", "breadth", "device", "history")
+
 
 HEAL_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
@@ -82,6 +85,13 @@ class SidecarMetrics:
                                    "escalated, never left HEALING.", ["model"], registry=registry)
         self.escalations = Counter(f"{PREFIX}_escalations", "Times a model went FAILED (healing exhausted "
                                    "or flapping); /healthz fails until a restart.", ["model"], registry=registry)
+        self.restart_escalations = Counter(f"{PREFIX}_restart_escalations", "Process-level faults escalated to a "
+                                           "restart of Triton without reloading, by the evidence that decided "
+                                           "(sticky_error, breadth, device, history); carried over from "
+                                           "healing.escalation_record_file, so it survives the sidecar's own "
+                                           "restarts.", ["cause"], registry=registry)
+        for cause in ESCALATION_CAUSES:
+            self.restart_escalations.labels(cause=cause)
 
         # The sidecar's own long-lived tasks (sidecar.health.tasks)
         self.task_crashes = Counter(f"{PREFIX}_task_crashes", "Long-lived tasks that raised and were restarted "

@@ -2,6 +2,8 @@
 
     UNKNOWN -> WARMING -> HEALTHY <-> DEGRADED -> UNHEALTHY -> HEALING -> HEALTHY
                                                                HEALING -> FAILED (healing exhausted)
+                                                               HEALING -> UNHEALTHY (a reload did not help:
+                                                                          Triton's process is at fault)
 
 DEGRADED means "failed fewer than failure_threshold rounds in a row": still served, still ready.
 A failure Triton itself declares final (a dead python stub) skips the threshold: no further round
@@ -147,6 +149,13 @@ class ModelHealth:
         self.consecutive_failures = 0
         self.consecutive_successes = 0
         return self._move(ModelState.HEALTHY, cause, now)
+
+    def await_restart(self, cause: str, now: float) -> Transition | None:
+        """A process-level fault was escalated to a restart of Triton: quarantined, not reloaded (the
+        restart reloads every model). UNHEALTHY, not FAILED: nothing is wrong with the model's artefact."""
+        if self.state is ModelState.FAILED:
+            return None
+        return self._move(ModelState.UNHEALTHY, cause, now)
 
     def fail(self, cause: str, now: float) -> Transition | None:
         """Healing is exhausted or the model flaps: give up until a restart."""

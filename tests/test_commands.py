@@ -589,3 +589,17 @@ def test_validate_refuses_a_schema_file_that_stops_the_start_with_the_same_line_
                          text=True, timeout=60, cwd=REPO, env=env)
     assert run.returncode == 2, run.stderr
     assert run.stderr.strip() == f"triton-sidecar: error: {problems[0]}"
+
+
+@pytest.mark.parametrize("healing, says", [
+    ({"escalation_record_file": "/nonexistent/escalations.json"},
+     "key 'healing.escalation_record_file': folder /nonexistent does not exist"),
+    ({"process_fault_patterns": ["(unclosed"]}, "key 'healing.process_fault_patterns.0': not a regular expression"),
+])
+def test_run_stops_on_a_bad_escalation_setting_with_one_line_naming_the_file_and_key(
+        healing, says, tmp_path, capsys, no_sidecar_env):
+    config = tmp_path / "sidecar.yaml"
+    config.write_text(json.dumps({"triton": {"url": "http://127.0.0.1:1"}, "healing": healing}))
+    code, out, err = run_cli(capsys, "run", "--config", config)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"triton-sidecar: error: {config}: {says}") and err.count("\n") == 1, err

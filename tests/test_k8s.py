@@ -444,6 +444,17 @@ def test_the_sidecar_config_in_the_configmap_passes_load_config(
     assert config.metrics.include_triton is True, "the HorizontalPodAutoscaler scales on Triton's re-exported queue"
 
 
+def test_the_record_of_escalations_is_on_an_emptydir_that_outlives_container_restarts(
+    objects: tuple[dict[str, Any], ...]
+) -> None:
+    """healing.escalation_record_file keeps the count of restarts that did not help and the cooldown:
+    on the container's own filesystem (read-only anyway) it would be lost at every restart."""
+    record = PurePosixPath(sidecar_settings()["healing"]["escalation_record_file"])
+    mount, volume = sidecar_mounts(objects)[str(record.parent)]
+    assert "emptyDir" in volume and not mount.get("readOnly"), (mount, volume)
+    assert "subPath" not in mount, "the file is replaced by a rename: mount the folder"
+
+
 def test_probe_and_drain_timings_add_up(objects: tuple[dict[str, Any], ...]) -> None:
     settings = sidecar_settings()
     deployment = one(objects, "Deployment")

@@ -82,6 +82,15 @@ def test_a_reloaded_body_limit_is_live_for_http_and_named_as_needing_a_restart_f
     assert merge_reloadable(no_grpc, new)[1] == []
 
 
+def test_a_moved_escalation_record_is_named_as_needing_a_restart_and_the_other_healing_keys_reload():
+    current = load_config(None, environ={})
+    new = load_config(None, environ={"SIDECAR_HEALING_ESCALATION_RECORD_FILE": "/var/lib/x/escalations.json",
+                                     "SIDECAR_HEALING_ESCALATION_COOLDOWN_S": "60"})
+    merged, needs_restart = merge_reloadable(current, new)
+    assert needs_restart == ["healing.escalation_record_file"]  # the record opened at start stays in use
+    assert merged.healing.escalation_cooldown_s == 60
+
+
 async def test_a_golden_file_changed_on_disk_is_picked_up_and_its_failing_case_quarantines_the_model(
         triton, fresh_model, start, tmp_path):
     model = fresh_model.name

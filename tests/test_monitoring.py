@@ -35,6 +35,7 @@ SIDECAR_METRICS = frozenset({
     "triton_sidecar_model_state",
     "triton_sidecar_heal_attempts_total",
     "triton_sidecar_escalations_total",
+    "triton_sidecar_restart_escalations_total",
     "triton_sidecar_proxy_requests_total",
     "triton_sidecar_proxy_rejections_total",
     "triton_sidecar_outputs_filtered_total",
@@ -92,6 +93,8 @@ TRITON_METRICS = frozenset({
 PROCESS_METRICS = frozenset({"process_resident_memory_bytes", "process_cpu_seconds_total"})
 #: Series without a model label: the dashboard cannot filter them by $model.
 METRICS_WITHOUT_MODEL = frozenset({
+    # Per pod: a restart of Triton is every model's.
+    "triton_sidecar_restart_escalations_total",
     "triton_sidecar_triton_up", "triton_sidecar_triton_ready", "triton_sidecar_build_info", *PROCESS_METRICS,
     *CONNECTION_METRICS,
 })

@@ -24,7 +24,18 @@ from sidecar.app.factory import create_app
 from sidecar.app.kubelet import liveness_problems
 from sidecar.app.request_counters import RequestCounters
 from sidecar.config import SidecarConfig
-from sidecar.fronts.appkeys import HEALER, METRICS, PROBER, ROSTER, STATES, WATCH
+from sidecar.fronts.appkeys import ESCALATION, HEALER, METRICS, PROBER, ROSTER, STATES, WATCH
+from sidecar.health.escalation import RestartEscalation
+from sidecar.health.escalation_record import EscalationRecord, PastEscalation
+from sidecar.health.fault_scope import (
+    NO_ANSWER,
+    Evidence,
+    Failure,
+    devices_of,
+    failure_of,
+    judge,
+    judge_after_reload,
+)
 from sidecar.health.healer import Healer
 from sidecar.health.probe_round import GOLDEN, MODEL_READY, ProbeResult, RoundResult
 from sidecar.health.supervisor import UNLOADED_ON_PURPOSE, LateVerdict, ModelSupervisor
@@ -64,6 +75,15 @@ def failed(detail: str = "scores[0] expected 0.73, got 0.66") -> RoundResult:
 
 def not_ready() -> RoundResult:
     return RoundResult(MODEL, (ProbeResult(MODEL_READY, False, 0.001, "not ready"),))
+
+
+def triton_error(message: str, status: int = 500, model: str = MODEL) -> RoundResult:
+    """A golden case Triton answered with an error status, as probe_round records it."""
+    return RoundResult(model, (ProbeResult(GOLDEN, False, 0.001, f"Triton answered {status}: {message}", case="normal",
+                                           error=message, status=status),))
+
+
+STICKY = "CUDA error: an illegal memory access was encountered"
 
 
 def triton_down() -> RoundResult:
@@ -127,6 +147,7 @@ class Rig:
     registry: CollectorRegistry
     transitions: list[Transition]
     suspect: list[tuple[str, bool]]
+    escalation: RestartEscalation
 
     @property
     def state(self) -> ModelState:
@@ -138,7 +159,8 @@ class Rig:
 
 def rig(rounds: list[RoundResult], *, verify: list[RoundResult] | None = None, golden: bool = True,
         repository: ScriptedRepository | None = None, probes: dict[str, Any] | None = None,
-        healing: dict[str, Any] | None = None, models: tuple[str, ...] = (MODEL,)) -> Rig:
+        healing: dict[str, Any] | None = None, models: tuple[str, ...] = (MODEL,),
+        record: EscalationRecord | None = None, others: tuple[str, ...] = ()) -> Rig:
     base = SidecarConfig()
     config = replace(base, models=models,
                      probes=replace(base.probes, **{"interval_s": 5.0, "failure_threshold": 3, **(probes or {})}),
@@ -157,11 +179,15 @@ def rig(rounds: list[RoundResult], *, verify: list[RoundResult] | None = None, g
     repository = repository or ScriptedRepository()
     healer = Healer(triton=repository, settings=config.healing, metrics=metrics,  # type: ignore[arg-type]
                     verify=prober.verify_round, unanswered_for=prober.unanswered_for, sleep=clock.sleep, clock=clock)
+    escalation = RestartEscalation(record=record or EscalationRecord(None, wall=lambda: clock.now),
+                                   metrics=metrics, config=lambda: config, states=states,
+                                   triton=repository, probe_soon=lambda model, cause: None,  # type: ignore[arg-type]
+                                   guarded=lambda: [MODEL, *others], clock=clock)
     supervisor = ModelSupervisor(MODEL, states=states, prober=prober, healer=healer,  # type: ignore[arg-type]
-                                 triton=repository, metrics=metrics, config=lambda: config,  # type: ignore[arg-type]
+                                 escalation=escalation, triton=repository, metrics=metrics, config=lambda: config,  # type: ignore[arg-type]
                                  cases_for=lambda model: ("a case",) if golden else (),  # type: ignore[arg-type,return-value]
                                  clock=clock, rng=random.Random(7))
-    return Rig(supervisor, states, clock, prober, repository, registry, transitions, suspect)
+    return Rig(supervisor, states, clock, prober, repository, registry, transitions, suspect, escalation)
 
 
 async def passes(r: Rig, n: int) -> list[str | None]:
@@ -275,6 +301,114 @@ async def test_heals_outside_the_flap_window_do_not_count():
     assert r.metric("triton_sidecar_heal_attempts_total", model=MODEL, result="success") == 4
 
 
+# -- reload or restart: whose fault it is ------------------------------------------------------------------
+
+
+async def test_a_sticky_cuda_error_escalates_to_a_restart_without_one_reload():
+    r = rig([passed(), triton_error(STICKY)])
+    with capture_logs() as logs:
+        await passes(r, 5)
+    assert r.repository.calls == [], "a reload cannot clear a sticky CUDA error"
+    assert r.state is ModelState.UNHEALTHY and "escalated to a restart" in r.states.get(MODEL).cause  # type: ignore[union-attr]
+    assert r.escalation.active is not None and r.escalation.active.evidence.value == "sticky_error"  # type: ignore[union-attr]
+    assert "sticky_error" in (r.escalation.problem() or "")
+    assert r.metric("triton_sidecar_restart_escalations_total", cause="sticky_error") == 1
+    assert not r.metric("triton_sidecar_heal_attempts_total", model=MODEL, result="failure")
+    [event] = [e for e in logs if e["event"] == "escalated_to_restart"]
+    assert event["models"] == [MODEL] and STICKY in event["error"], event
+    asked = r.prober.asked
+    await passes(r, 3)
+    assert r.prober.asked == asked, "a model waiting for the restart is neither probed nor reloaded"
+
+
+async def test_a_pattern_of_ones_own_names_a_process_fault_too():
+    r = rig([passed(), triton_error("XID 79: GPU has fallen off the bus")],
+            healing={"process_fault_patterns": ("fallen off the bus",)})
+    await passes(r, 5)
+    assert r.repository.calls == [] and r.escalation.active is not None
+
+
+@pytest.mark.parametrize("round_", [failed(), not_ready(), triton_error("features must be finite numbers", 400)],
+                         ids=["wrong answer", "not ready", "a model's own error"])
+async def test_a_models_own_fault_alone_still_heals_by_reload(round_):
+    r = rig([passed(), round_])
+    await passes(r, 5)
+    assert r.repository.calls[:2] == ["unload", "load"] and r.escalation.active is None
+    assert r.metric("triton_sidecar_restart_escalations_total", cause="breadth") == 0
+    assert r.metric("triton_sidecar_restart_escalations_total", cause="sticky_error") == 0
+
+
+async def test_a_cuda_error_that_survives_a_reload_escalates_after_that_one_reload():
+    cuda = "CUDA error: out of memory"  # not sticky by itself: a reload may help, once
+    r = rig([passed(), triton_error(cuda)], verify=[triton_error(cuda)], healing={"max_attempts": 3})
+    await passes(r, 5)
+    assert r.repository.calls == ["unload", "load"], "one reload, not max_attempts"
+    assert r.escalation.active is not None and r.escalation.active.evidence.value == "history"  # type: ignore[union-attr]
+    assert r.state is ModelState.UNHEALTHY
+    assert not r.metric("triton_sidecar_escalations_total", model=MODEL), "not FAILED: the model is not at fault"
+
+
+async def test_within_the_cooldown_other_evidence_goes_the_reload_ladder_and_the_same_evidence_escalates(tmp_path):
+    clock = FakeClock()
+    record = EscalationRecord.open(str(tmp_path / "escalations.json"), wall=lambda: clock.now)
+    record.add(PastEscalation(at=clock.now - 60, cause="before the restart", evidence="sticky_error",
+                              signature="sticky: device-side assert triggered", models=(MODEL,)))
+    reopened = EscalationRecord.open(str(tmp_path / "escalations.json"), wall=lambda: clock.now)
+    assert reopened.count == 1 and reopened.last is not None and reopened.last.evidence == "sticky_error"
+
+    r = rig([passed(), triton_error(STICKY)], record=reopened, healing={"escalation_cooldown_s": 600})
+    assert r.metric("triton_sidecar_restart_escalations_total", cause="sticky_error") == 1, "carried over"
+    with capture_logs() as logs:
+        await passes(r, 5)
+    assert "escalation_held_by_cooldown" in [e["event"] for e in logs]
+    assert r.repository.calls[:2] == ["unload", "load"] and r.escalation.active is None
+
+    again = rig([passed(), triton_error("CUDA error: device-side assert triggered")], record=reopened,
+                healing={"escalation_cooldown_s": 600})
+    await passes(again, 5)
+    assert again.repository.calls == [] and again.escalation.active is not None, "the same evidence is back"
+    assert EscalationRecord.open(str(tmp_path / "escalations.json")).count == 2
+
+
+async def test_tritons_verdict_on_a_dead_stub_makes_it_the_models_own_fault_even_when_another_model_timed_out():
+    timed_out = RoundResult(MODEL, (ProbeResult(GOLDEN, False, 0.3, "no answer within 0.3 s", "normal", True),))
+    r = rig([passed(), timed_out, passed()], probes={"failure_threshold": 5}, others=("other",))
+    r.escalation.judged("other", Failure("other", r.clock.now, NO_ANSWER, "no answer within 0.3 s"))
+    await passes(r, 2)
+    assert r.state is ModelState.DEGRADED
+    r.supervisor.tell(LateVerdict(StubUnhealthy(500, "Stub process 'm_0_0' is not healthy.")))
+    await r.supervisor.wait(0)  # hears the event
+    assert r.state is ModelState.UNHEALTHY
+    await passes(r, 1)
+    assert r.repository.calls[:2] == ["unload", "load"] and r.escalation.active is None
+
+
+def test_breadth_device_and_history_verdicts():
+    def failure(model: str, message: str, at: float = 10.0) -> Failure:
+        found = failure_of(model, triton_error(message.replace("{m}", model), model=model), at=at)
+        assert found is not None
+        return found
+
+    shared = "Failed to process the request(s) for model '{m}_0_0', message: RuntimeError: backend lost"
+    a, b, c = failure("a", shared), failure("b", shared), failure("c", shared, at=2.0)
+    assert a.signature == b.signature and "<model>" in a.signature
+    latest = {"a": a, "b": b, "c": c, "d": None}
+    verdict = judge(a, latest, since=9.0, window_s=5.0, min_models=2, devices={})
+    assert verdict.evidence is Evidence.BREADTH and verdict.models == ("a", "b"), "c failed too long before"
+    assert judge(a, latest, since=9.0, window_s=5.0, min_models=3, devices={}).evidence is None
+    on_gpu0 = {"a": frozenset({"gpu:0"}), "b": frozenset({"gpu:0"}), "d": frozenset({"gpu:1"})}
+    by_device = judge(a, latest, since=9.0, window_s=5.0, min_models=3, devices=on_gpu0)
+    assert by_device.evidence is Evidence.DEVICE and by_device.models == ("a", "b")
+    assert judge(a, {"a": a}, since=9.0, window_s=5.0, min_models=2, devices={}).evidence is None
+    assert devices_of({"instance_group": [{"kind": "KIND_GPU", "gpus": [0, 1]}, {"kind": "KIND_CPU"}]}) == {
+        "gpu:0", "gpu:1", "cpu"}
+
+    cuda = failure("a", "CUDA error: out of memory")
+    assert judge_after_reload(cuda, failure("a", "CUDA error: out of memory")) is not None
+    assert judge_after_reload(cuda, failure("a", "something else")) is None
+    assert judge_after_reload(failure("a", "model file corrupted"), failure("a", "model file corrupted")) is None
+
+
 @pytest.mark.parametrize("golden, listed, index, released", [
     (False, (), [], True),  # no golden files, gone from Triton: unloaded on purpose
     (False, (), [{"name": MODEL, "state": "READY"}], False),  # still READY: broken, heal it
@@ -319,7 +453,8 @@ async def test_a_supervisor_that_completes_no_round_fails_liveness_with_the_mode
         for model in (MODEL, "other"):
             app[STATES].track(model)
             roster.supervisors.add(ModelSupervisor(model, states=app[STATES], prober=app[PROBER], healer=app[HEALER],
-                                                   triton=triton, metrics=app[METRICS], config=lambda: config,
+                                                   escalation=app[ESCALATION], triton=triton, metrics=app[METRICS],
+                                                   config=lambda: config,
                                                    cases_for=lambda m: (), clock=clock))
         assert liveness_problems(app) == []
         clock.now += config.liveness.watchdog_stall_s - 1

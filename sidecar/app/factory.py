@@ -24,6 +24,7 @@ from sidecar.config import SidecarConfig
 from sidecar.fronts.appkeys import (
     CONFIG,
     DOCUMENT_POOL,
+    ESCALATION,
     HEALER,
     LIFECYCLE,
     LIVE,
@@ -43,6 +44,8 @@ from sidecar.fronts.generate_routes import add_generate_routes
 from sidecar.fronts.http_routes import add_http_routes, document_fetcher
 from sidecar.fronts.tls import ServerTls
 from sidecar.golden.cases import GoldenCase, aim_unversioned, cases_for_version, load_golden_dir
+from sidecar.health.escalation import RestartEscalation
+from sidecar.health.escalation_record import EscalationRecord
 from sidecar.health.healer import Healer
 from sidecar.health.probe_round import probe_model
 from sidecar.health.prober import Prober
@@ -115,6 +118,13 @@ def create_app(
                          metrics=metrics, on_late_verdict=supervisors.late_verdict, clock=clock)
     app[HEALER] = Healer(triton=triton, settings=config.healing, metrics=metrics, verify=app[PROBER].verify_round,
                          unanswered_for=app[PROBER].unanswered_for, clock=clock)
+    # The record is opened first among the health loop's parts: a folder that is missing stops the
+    # start (ConfigError naming healing.escalation_record_file).
+    app[ESCALATION] = RestartEscalation(
+        record=EscalationRecord.open(config.healing.escalation_record_file, source=config.source),
+        metrics=metrics,
+        config=lambda: app[LIVE].config, states=states, triton=triton, probe_soon=supervisors.probe_soon,
+        guarded=lambda: [s.model for s in supervisors], clock=clock)
     drift = DriftMonitor(config.drift, references, count_nan=not config.validation.reject_non_finite)
     metrics.registry.register(drift.collector())
     app[REFERENCE_WATCH] = ReferenceWatch(drift, settings=lambda: app[LIVE].config.drift, metrics=metrics)
@@ -127,7 +137,8 @@ def create_app(
     live = app[LIVE]
     app[READINESS] = Readiness(lifecycle=app[LIFECYCLE], states=states, triton=app[WATCH],
                                doubts=_health_doubts(app[LIVE], supervisors))
-    app[ROSTER] = Roster(triton=triton, states=states, prober=app[PROBER], healer=app[HEALER], metrics=metrics,
+    app[ROSTER] = Roster(triton=triton, states=states, prober=app[PROBER], healer=app[HEALER],
+                         escalation=app[ESCALATION], metrics=metrics,
                          config=lambda: live.config, cases_for=store.cases_for,
                          forget=app[SERVING].forget_model, supervisors=supervisors, clock=clock,
                          # The live requests rounds are paced by (probes.every_requests): the data

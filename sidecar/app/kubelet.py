@@ -11,6 +11,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sidecar.fronts.appkeys import (
     CONFIG,
+    ESCALATION,
     HEALER,
     LIFECYCLE,
     LIVE,
@@ -40,6 +41,9 @@ def liveness_problems(app: web.Application) -> list[str]:
     if down_for > config.liveness.triton_unreachable_grace_s:
         grace = config.liveness.triton_unreachable_grace_s
         problems.append(f"Triton not live for {down_for:.0f} s (grace {grace:g} s): {watch.detail}")
+    escalated = app[ESCALATION].problem()
+    if escalated is not None:
+        problems.append(escalated)
     for model in app[STATES].failed():
         problems.append(f"model {model} FAILED: {app[STATES].get(model).cause}")  # type: ignore[union-attr]
     stall_s = config.liveness.watchdog_stall_s
@@ -131,6 +135,9 @@ async def status(request: web.Request) -> web.Response:
         "config": {"source": str(live.path) if live.path else live.config.source,
                    "loaded_at": _iso(live.loaded_at), "needs_restart": list(live.needs_restart)},
         "models": models,
+        # Process-level faults escalated to a restart: this process's, and the pod's count, which
+        # survives restarts (healing.escalation_record_file).
+        "escalations": app[ESCALATION].status(),
         # Version rollouts by model: each pod decides on its own evidence (docs/rollouts.md).
         "rollouts": {rollout.model: rollout.status() for rollout in app[SERVING].rollouts},
     }

@@ -7,6 +7,7 @@ from aiohttp import web
 
 from sidecar.config import SidecarConfig
 from sidecar.fronts.tls import ServerTls
+from sidecar.health.escalation import RestartEscalation
 from sidecar.health.healer import Healer
 from sidecar.health.prober import Prober
 from sidecar.health.reload import LiveConfig
@@ -46,6 +47,10 @@ PROBER = web.AppKey("prober", Prober)
 
 
 HEALER = web.AppKey("healer", Healer)
+
+
+#: The pod's decision to restart Triton for a process-level fault (sidecar.health.escalation).
+ESCALATION = web.AppKey("escalation", RestartEscalation)
 
 
 WATCH = web.AppKey("watch", TritonWatch)

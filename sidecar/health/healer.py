@@ -47,6 +47,9 @@ class HealOutcome:
 
     healed: bool
     cause: str
+    #: The verification round after which the episode stopped early because its caller's `stop_if`
+    #: said the reload cannot help (the fault is Triton's process's): the caller escalates.
+    stopped_after: RoundResult | None = None
 
 
 class Healer:
@@ -70,6 +73,8 @@ class Healer:
         self._sleep = sleep
         self._limit = asyncio.Semaphore(settings.max_concurrent)
         self._tasks: dict[str, asyncio.Task[HealOutcome]] = {}
+        #: Each model's last verification round in the running attempt (for `stop_if`).
+        self._verified: dict[str, RoundResult] = {}
         self._recent_heals: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
         self.attempts: dict[str, int] = collections.Counter()
         self.last_heal_s: dict[str, float] = {}
@@ -108,6 +113,7 @@ class Healer:
             await asyncio.gather(task, return_exceptions=True)
         self._stub_dead_at.pop(model, None)
         self._recent_heals.pop(model, None)
+        self._verified.pop(model, None)
 
     def is_healing(self, model: str) -> bool:
         task = self._tasks.get(model)
@@ -118,14 +124,16 @@ class Healer:
         """Heals may start: healing is enabled and the sidecar is not draining."""
         return self._settings.enabled and self.accepting
 
-    def start_heal(self, model: str, cause: str) -> asyncio.Task[HealOutcome]:
+    def start_heal(self, model: str, cause: str, *,
+                   stop_if: Callable[[RoundResult], bool] | None = None) -> asyncio.Task[HealOutcome]:
         """A heal episode for the model, as a task of its own so that draining can wait for it and
         stopping can cancel it; the caller (the model's supervisor) awaits its outcome. Never two
-        at once for one model: the running one is returned."""
+        at once for one model: the running one is returned. `stop_if`: asked after an attempt whose
+        reloaded model failed its golden cases; True ends the episode there (no further attempt)."""
         running = self._tasks.get(model)
         if running is not None and not running.done():
             return running
-        task = asyncio.create_task(self._episode(model, cause), name=f"heal:{model}")
+        task = asyncio.create_task(self._episode(model, cause, stop_if), name=f"heal:{model}")
         self._tasks[model] = task
         return task
 
@@ -142,9 +150,9 @@ class Healer:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _episode(self, model: str, cause: str) -> HealOutcome:
+    async def _episode(self, model: str, cause: str, stop_if: Callable[[RoundResult], bool] | None) -> HealOutcome:
         try:
-            return await self._attempts(model, cause)
+            return await self._attempts(model, cause, stop_if)
         except Exception as e:  # the episode must end; a model left HEALING is never probed again
             self._count_error(model, e, where="heal episode")
             return self._escalate(model, f"healing stopped by an unexpected {type(e).__name__}: {e}")
@@ -155,15 +163,21 @@ class Healer:
         self._metrics.heal_errors.labels(model=model).inc()
         log.error("heal_error", model=model, where=where, error=type(e).__name__, cause=str(e)[:300], exc_info=e)
 
-    async def _attempts(self, model: str, cause: str) -> HealOutcome:
+    async def _attempts(self, model: str, cause: str, stop_if: Callable[[RoundResult], bool] | None) -> HealOutcome:
         backoff = self._settings.backoff_initial_s
         error: str | None = cause
         async with self._limit:
             for attempt in range(1, self._settings.max_attempts + 1):
                 self.attempts[model] += 1
+                self._verified.pop(model, None)
                 error = await self._attempt(model, attempt)
                 if error is None:
                     return self._after_success(model, attempt)
+                verified = self._verified.pop(model, None)
+                if stop_if is not None and verified is not None and stop_if(verified):
+                    log.warning("heal_stopped", model=model, attempt=attempt, cause=error,
+                                reason="the reloaded model failed as before: a reload cannot help")
+                    return HealOutcome(healed=False, cause=error, stopped_after=verified)
                 if attempt < self._settings.max_attempts:
                     log.warning("heal_retry_scheduled", model=model, attempt=attempt, backoff_s=backoff, cause=error)
                     await self._sleep(backoff)
@@ -279,6 +293,7 @@ class Healer:
 
     async def _check_golden(self, model: str) -> None:
         result = await self._verify(model)
+        self._verified[model] = result
         if not result.ok:
             raise HealStepFailed(f"reloaded, but {result.cause}")
         log.info("heal_verified", model=model, duration_ms=round(result.duration_s * 1000, 1))

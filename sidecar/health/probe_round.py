@@ -10,7 +10,13 @@ from sidecar.golden.cases import GoldenCase
 from sidecar.golden.compare import compare_outputs
 from sidecar.health.late_answers import LateAnswers, StillUnanswered
 from sidecar.health.triton_client import TritonClient
-from sidecar.protocol.triton_errors import StubUnhealthy, TritonError, TritonTimeout, TritonUnavailable
+from sidecar.protocol.triton_errors import (
+    StubUnhealthy,
+    TritonError,
+    TritonTimeout,
+    TritonUnavailable,
+    triton_error,
+)
 
 SERVER_READY = "server_ready"
 
@@ -36,6 +42,10 @@ class ProbeResult:
     final: bool = False
     #: The model version a golden case named ("" = the version the server routes to).
     version: str = ""
+    #: Triton's own error message when it answered with an error status ("" otherwise): what the
+    #: supervisor's verdict reads to tell a model's fault from the process's (fault_scope).
+    error: str = ""
+    status: int = 0
 
     @property
     def result(self) -> str:
@@ -82,8 +92,13 @@ class RoundResult:
         return any(r.final for r in self.results)
 
     @property
+    def failure(self) -> ProbeResult | None:
+        """The probe that failed the round (a round stops at its first failure), or None."""
+        return next((r for r in self.results if not r.ok), None)
+
+    @property
     def cause(self) -> str:
-        failed = next((r for r in self.results if not r.ok), None)
+        failed = self.failure
         if failed is None:
             return "all probes passed"
         where = f"golden case {failed.case}" if failed.case else failed.probe.replace("_", " ")
@@ -124,9 +139,10 @@ async def probe_model(
             result = ProbeResult(probe, False, timer.elapsed, f"Triton unreachable: {e}", case)
         except StubUnhealthy as e:
             result = ProbeResult(probe, False, timer.elapsed, f"Triton answered {e.status}: {e.message}", case,
-                                 final=True)
+                                 final=True, error=e.message, status=e.status)
         except TritonError as e:
-            result = ProbeResult(probe, False, timer.elapsed, f"Triton answered {e.status}: {e.message}", case)
+            result = ProbeResult(probe, False, timer.elapsed, f"Triton answered {e.status}: {e.message}", case,
+                                 error=e.message, status=e.status)
         else:
             result = ProbeResult(probe, problem is None, timer.elapsed, problem or "", case)
         if version:
@@ -205,11 +221,19 @@ async def _golden_case(triton: TritonClient, case: GoldenCase, timeout_s: float,
         outcome = await triton.infer_case(case, timeout_s=timeout_s)
     else:
         outcome = await late.infer(triton, case, timeout_s)
+    _raise_unexpected_error(case, outcome.status, outcome.error)
     problem = _judge_status(case, outcome.status, outcome.error)
     if problem is not None or case.expects_error:
         return problem
     mismatches = compare_outputs(case, outcome.outputs)
     return "; ".join(str(m) for m in mismatches) if mismatches else None
+
+
+def _raise_unexpected_error(case: GoldenCase, status: int, error: str) -> None:
+    """An error answer to a case that expects none is Triton's error, raised as such so the round keeps
+    Triton's words apart from the sidecar's own verdict (the detail reads as _judge_status's would)."""
+    if status != 200 and not case.expects_error:
+        raise triton_error(status, error)
 
 
 def _judge_status(case: GoldenCase, status: int, error: str) -> str | None:
@@ -230,6 +254,7 @@ async def _generate_case(triton: TritonClient, case: GoldenCase, timeout_s: floa
     """A generate case: its status, Triton's error events, the text and the time bounds. A stream
     that stalls is cut by timeout_s (the probe then counts as timed out)."""
     outcome = await triton.generate_case(case, timeout_s=timeout_s)
+    _raise_unexpected_error(case, outcome.status, outcome.error)
     problem = _judge_status(case, outcome.status, outcome.error)
     if problem is not None or case.expects_error:
         return problem

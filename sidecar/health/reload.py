@@ -190,6 +190,10 @@ def merge_reloadable(current: SidecarConfig, new: SidecarConfig) -> tuple[Sideca
         # HTTP reads the new limit at once; the gRPC server's message limit is a channel argument
         # gRPC core took when the server was built (sidecar.fronts.grpc_server.server_options).
         needs_restart.append("validation.max_body_bytes")
+    if current.healing.escalation_record_file != new.healing.escalation_record_file:
+        # The record is opened once, at start (sidecar.health.escalation_record): a record moved while
+        # running would split the count it exists to keep.
+        needs_restart.append("healing.escalation_record_file")
     return dataclasses.replace(current, **taken), needs_restart
 
 

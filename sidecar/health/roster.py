@@ -21,6 +21,7 @@ import structlog
 
 from sidecar.config import SidecarConfig
 from sidecar.golden.cases import GoldenCase
+from sidecar.health.escalation import RestartEscalation
 from sidecar.health.healer import Healer
 from sidecar.health.prober import Prober
 from sidecar.health.supervisor import UNLOADED_ON_PURPOSE, ModelSupervisor, ProbeSoon, Supervisors
@@ -48,6 +49,7 @@ class Roster:
         states: ModelStates,
         prober: Prober,
         healer: Healer,
+        escalation: RestartEscalation,
         metrics: SidecarMetrics,
         config: Callable[[], SidecarConfig],
         cases_for: Callable[[str], Sequence[GoldenCase]],
@@ -62,6 +64,7 @@ class Roster:
         self._states = states
         self._prober = prober
         self._healer = healer
+        self._escalation = escalation
         self._metrics = metrics
         self._config = config
         self._cases_for = cases_for
@@ -152,8 +155,9 @@ class Roster:
         if self.discovered:
             log.info("model_guarded", model=model, golden_cases=cases)
         supervisor = ModelSupervisor(model, states=self._states, prober=self._prober, healer=self._healer,
-                                     triton=self._triton, metrics=self._metrics, config=self._config,
-                                     cases_for=self._cases_for, clock=self._clock, served=self._served)
+                                     escalation=self._escalation, triton=self._triton, metrics=self._metrics,
+                                     config=self._config, cases_for=self._cases_for, clock=self._clock,
+                                     served=self._served)
         self.supervisors.add(supervisor)
         self._tasks[model] = asyncio.create_task(self._supervised(supervisor), name=f"supervisor:{model}")
 
@@ -172,6 +176,7 @@ class Roster:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         await self._healer.forget(model)
+        self._escalation.forget(model)
         self._prober.records.pop(model, None)
         self._states.forget(model)
         self._metrics.forget_model(model)

@@ -16,6 +16,11 @@ returns to the normal schedule. With `probes.every_requests` a round also starts
 has served that many live requests since its last round began (sidecar.health.traffic_pace), never
 sooner than `probes.min_interval_s` after it; rounds run one at a time, in this loop only.
 
+Before healing, the supervisor asks whose fault it is (sidecar.health.escalation, fault_scope): a
+fault of Triton's process (a sticky CUDA error, the same error in several models at once, the same
+CUDA error after a reload) is not reloaded: it is escalated to a restart of Triton, and the model
+waits for it, UNHEALTHY, with a cause naming the evidence.
+
 Heartbeat: `last_round_at` is the clock time of the last completed pass (and, during a heal, of the
 last check that the heal still runs): a supervisor that has not completed one for
 `liveness.watchdog_stall_s` (stuck, or crashing at every round) fails /healthz with the model named.
@@ -32,6 +37,8 @@ import structlog
 
 from sidecar.config import SidecarConfig
 from sidecar.golden.cases import GoldenCase
+from sidecar.health.escalation import RestartEscalation
+from sidecar.health.fault_scope import Failure, Verdict, judge_after_reload
 from sidecar.health.healer import Healer, HealOutcome
 from sidecar.health.probe_round import RoundResult
 from sidecar.health.prober import Prober
@@ -91,6 +98,7 @@ class ModelSupervisor:
         states: ModelStates,
         prober: Prober,
         healer: Healer,
+        escalation: RestartEscalation,
         triton: TritonClient,
         metrics: SidecarMetrics,
         config: Callable[[], SidecarConfig],
@@ -103,6 +111,7 @@ class ModelSupervisor:
         self._states = states
         self._prober = prober
         self._healer = healer
+        self._escalation = escalation
         self._triton = triton
         self._metrics = metrics
         self._config = config
@@ -121,6 +130,10 @@ class ModelSupervisor:
         #: Live requests since the last round began (None: the app counts no traffic for the health loop).
         self.traffic = None if served is None else TrafficCount(
             model, served, cases_for=prober.cases_for, health=self._health, clock=clock)
+        #: The latest failed round's evidence, for the verdict before a heal.
+        self._failure: Failure | None = None
+        #: The model waits, UNHEALTHY, for the restart an escalation asked for.
+        self._held = False
 
     # -- events -----------------------------------------------------------------------------------------
 
@@ -129,6 +142,9 @@ class ModelSupervisor:
         under way polls it to stop waiting for an unload that never finishes."""
         if isinstance(event, StubDead | LateVerdict):
             self._healer.note_stub_dead(self.model)
+            # Triton's verdict on this model's own stub: whatever the round saw (often a timeout, which
+            # several models may share), the fault is the model's, and a reload heals it.
+            self._failure = Failure(self.model, self._clock(), "", "Triton declared the model's stub process dead")
         if not isinstance(event, StubDead):
             self._events.put_nowait(event)
 
@@ -236,13 +252,19 @@ class ModelSupervisor:
         `cause`: why this pass runs (counted when it runs a round)."""
         if self._health().state is ModelState.FAILED:
             return None  # terminal until a restart: nothing to probe or heal
+        if self._awaits_restart():
+            return None
         if not (self._health().state is ModelState.UNHEALTHY and self._healer.allowed):
             self._round_begins(cause)
             self.apply_round(await self._prober.run_round(self.model))
         if self._health().state is not ModelState.UNHEALTHY or not self._healer.allowed:
             return None
+        if self._awaits_restart():
+            return None
         if await self.unloaded_on_purpose():
             return UNLOADED_ON_PURPOSE
+        if await self._escalated():
+            return None
         outcome = await self._heal()
         return "" if outcome is None else None
 
@@ -267,6 +289,10 @@ class ModelSupervisor:
         if result.versions:
             health.default_version = result.default_version
             health.loaded_versions = result.versions
+        failure = self._escalation.failure_of(self.model, result)
+        self._escalation.judged(self.model, failure)
+        if failure is not None:
+            self._failure = failure
         if result.ok:
             self._states.apply(self.model, lambda h, now: h.probe_passed(now))
             self._judged()
@@ -291,6 +317,67 @@ class ModelSupervisor:
                      failure_threshold=health.failure_threshold)
         self._states.set_suspect(self.model, self.confirming)
 
+    # -- reload or restart ------------------------------------------------------------------------------
+
+    def _awaits_restart(self) -> bool:
+        """An escalation stands and the model is UNHEALTHY: it waits for the restart, which reloads every
+        model, instead of being reloaded (or probed) now."""
+        active = self._escalation.active
+        if active is None or self._health().state is not ModelState.UNHEALTHY:
+            return False
+        if not self._held:
+            self._escalation.join(self.model)
+            self._hold(f"not reloaded: Triton restarts for a process-level fault ({active.cause}); "
+                       f"this model failed with: {self._health().cause}")
+        return True
+
+    async def _escalated(self) -> bool:
+        """Ask whose fault it is; a process-level fault is escalated (True: the model waits for the
+        restart), unless the cooldown refuses it (False: the reload ladder, as for a model's fault)."""
+        failure = self._failure
+        if failure is None:
+            return False
+        since = self._health().first_failure_at or failure.at
+        verdict = await self._escalation.verdict(failure, since)
+        log.info("fault_judged", model=self.model, scope="process" if verdict.process else "model",
+                 evidence=verdict.evidence.value if verdict.evidence else None, models=list(verdict.models),
+                 cause=verdict.cause)
+        if not verdict.process or not self._escalation.escalate(verdict):
+            return False
+        self._hold_for(verdict)
+        return True
+
+    def _hold_for(self, verdict: Verdict) -> None:
+        active = self._escalation.active
+        assert active is not None
+        if active is verdict:
+            cause = f"escalated to a restart of Triton, no reload (evidence: {verdict.evidence.value}): {verdict.cause}"  # type: ignore[union-attr]
+        else:
+            cause = f"not reloaded: Triton restarts for a process-level fault ({active.cause})"
+        self._hold(cause)
+
+    def _hold(self, cause: str) -> None:
+        self._held = True
+        self._states.apply(self.model, lambda h, now: h.await_restart(cause, now))
+
+    def _reload_cannot_help(self) -> tuple[Callable[[RoundResult], bool] | None, list[Verdict]]:
+        """The healer's `stop_if` for this heal: the reloaded model failed as before with a CUDA error
+        (history) and the cooldown lets that escalate. The verdict is kept in the list it returns."""
+        before = self._failure
+        found: list[Verdict] = []
+        if before is None or not before.signature:
+            return None, found
+
+        def stop_if(result: RoundResult) -> bool:
+            after = self._escalation.failure_of(self.model, result)
+            verdict = judge_after_reload(before, after) if after is not None else None
+            if verdict is None or not (self._escalation.active is not None or self._escalation.allows(verdict)):
+                return False
+            found.append(verdict)
+            return True
+
+        return stop_if, found
+
     # -- heal or release --------------------------------------------------------------------------------
 
     async def unloaded_on_purpose(self) -> bool:
@@ -309,7 +396,8 @@ class ModelSupervisor:
         """Heal and apply the outcome; None when the heal was stopped from outside."""
         cause = self._health().cause
         self._states.apply(self.model, lambda h, now: h.heal_started(f"healing after: {cause}", now))
-        task = self._healer.start_heal(self.model, cause)
+        stop_if, history = self._reload_cannot_help()
+        task = self._healer.start_heal(self.model, cause, stop_if=stop_if)
         try:
             while True:
                 # A heal takes up to minutes (load_timeout_s): progress, not a stall, while it runs.
@@ -326,6 +414,8 @@ class ModelSupervisor:
         self._discard_events()
         if outcome.healed:
             self._states.apply(self.model, lambda h, now: h.heal_succeeded(outcome.cause, now))
+        elif outcome.stopped_after is not None and history and self._escalation.escalate(history[0]):
+            self._hold_for(history[0])
         else:
             self._states.apply(self.model, lambda h, now: h.fail(outcome.cause, now))
         self._judged()

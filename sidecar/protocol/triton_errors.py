@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+
 #: Longest Triton message we keep in our own errors and logs; Triton's shape errors run long.
 MAX_ERROR_CHARS = 300
 
@@ -36,3 +39,41 @@ def triton_error(status: int, message: str) -> TritonError:
         return StubUnhealthy(status, message)
     return TritonError(status, message)
 
+
+
+#: CUDA's sticky errors, in the words of the CUDA runtime (cudaGetErrorString) that backends pass on
+#: in their error text (PyTorch: "CUDA error: an illegal memory access was encountered"). The CUDA
+#: runtime API documents each as leaving "the process in an inconsistent state": every later CUDA call
+#: in that process fails with the same error, so only a new process (a restart of Triton's container)
+#: recovers; a reload of the model cannot. Triton's users meet them as triton-inference-server/server
+#: #7164, #5765 and #3627. `healing.process_fault_patterns` adds patterns of one's own.
+STICKY_CUDA_ERRORS = (
+    "an illegal memory access was encountered",  # cudaErrorIllegalAddress (700)
+    "device-side assert triggered",  # cudaErrorAssert (710)
+    "unspecified launch failure",  # cudaErrorLaunchFailure (719)
+    "the launch timed out and was terminated",  # cudaErrorLaunchTimeout (702)
+    "hardware stack error",  # cudaErrorHardwareStackError (714)
+    "an illegal instruction was encountered",  # cudaErrorIllegalInstruction (715)
+    "misaligned address",  # cudaErrorMisalignedAddress (716)
+    "operation not supported on global/shared address space",  # cudaErrorInvalidAddressSpace (717)
+    "invalid program counter",  # cudaErrorInvalidPc (718)
+    "uncorrectable ECC error encountered",  # cudaErrorECCUncorrectable (214)
+)
+
+
+_STICKY = tuple(re.compile(re.escape(text), re.IGNORECASE) for text in STICKY_CUDA_ERRORS)
+
+
+def sticky_error(message: str, extra: Sequence[re.Pattern[str]] = ()) -> str | None:
+    """The sticky error Triton's message names (the matched text, lower case), or None. `extra`: the patterns of
+    `healing.process_fault_patterns`, compiled case-insensitive."""
+    for pattern in (*_STICKY, *extra):
+        found = pattern.search(message)
+        if found:
+            return found.group(0).lower()
+    return None
+
+
+def mentions_cuda(message: str) -> bool:
+    """A CUDA error of any kind: one that outlives a fresh instance of the model lives in the process."""
+    return "cuda" in message.lower()

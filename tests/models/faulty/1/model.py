@@ -38,6 +38,8 @@ class TritonPythonModel:
         self.slow_calls = 0
         self.wrong_calls = 0
         self.probe_blips = 0
+        self.error_text = ""
+        self.raise_text = ""
         self.fault_file = Path(__file__).parent / "fault"
         signal.signal(signal.SIGUSR1, self._inject_fault)
 
@@ -59,10 +61,18 @@ class TritonPythonModel:
             self.slow_calls = 3
         elif kind == "probe_blip":
             self.probe_blips = 1
+        elif kind.startswith("error:"):
+            self.error_text = kind[len("error:"):]
+        elif kind.startswith("raise:"):
+            self.raise_text = kind[len("raise:"):]
 
     def execute(self, requests):
         if self.hang:
             threading.Event().wait()
+        if self.raise_text:
+            raise RuntimeError(self.raise_text)
+        if self.error_text:
+            return [pb_utils.InferenceResponse(error=pb_utils.TritonError(self.error_text)) for _ in requests]
         if self.delay_s:
             time.sleep(self.delay_s)
         wrong = self.wrong_calls > 0
