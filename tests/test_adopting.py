@@ -33,6 +33,7 @@ KSERVE = {
     "runtime": REPO / "k8s" / "kserve" / "runtime",
     "cluster-runtime": REPO / "k8s" / "kserve" / "cluster-runtime",
     "example": REPO / "k8s" / "kserve" / "example",
+    "golden-configmap": REPO / "k8s" / "kserve" / "golden-configmap",
 }
 COMPONENT = REPO / "k8s" / "components" / "triton-sidecar"
 HELM_OVERLAY = REPO / "tests" / "adopting" / "helm-triton"
@@ -119,10 +120,21 @@ def runtime_spec() -> dict[str, Any]:
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize("target", sorted(KSERVE))
 def test_every_kserve_object_is_valid_for_kserves_api(target, version, kserve_models) -> None:
+    import kubernetes_validate
+
     objects = render(KSERVE[target])
-    assert objects
-    problems = {f"{o['kind']}/{o['metadata']['name']}": p for o in objects
-                if (p := kserve_schema.validation_problems(o, kserve_models, version))}
+    assert any(o["kind"] in kserve_schema.KINDS for o in objects)
+    problems = {}
+    for o in objects:
+        where = f"{o['kind']}/{o['metadata']['name']}"
+        if o["kind"] in kserve_schema.KINDS:
+            if found := kserve_schema.validation_problems(o, kserve_models, version):
+                problems[where] = found
+            continue
+        try:
+            kubernetes_validate.validate(o, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            problems[where] = [f"{list(e.absolute_path)}: {e.message[:300]}"]
     assert not problems, f"invalid for KServe {kserve_schema.KSERVE_VERSION} on Kubernetes {version}: {problems}"
 
 
@@ -204,6 +216,31 @@ def test_the_storage_initializers_volume_reaches_triton_and_the_sidecar() -> Non
     mounts = {m["mountPath"]: m for m in sidecar["volumeMounts"]}
     assert mounts["/mnt/models"]["name"] == "kserve-provision-location" and mounts["/mnt/models"]["readOnly"]
     assert env_of(sidecar)["SIDECAR_GOLDEN_DIR"] == "/mnt/models"
+
+
+def test_the_configmap_variant_gives_the_sidecar_the_repositorys_golden_files() -> None:
+    from sidecar.config import load_config
+
+    objects = render(KSERVE["golden-configmap"])
+    runtime = one(objects, "ServingRuntime")
+    sidecar = container(runtime["spec"]["containers"], SIDECAR)
+    config = load_config(None, env_of(sidecar))
+    volumes = {v["name"]: v for v in runtime["spec"]["volumes"]}
+    configmaps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+    mounted = {}
+    for mount in sidecar["volumeMounts"]:
+        parent, _, model = mount["mountPath"].rpartition("/")
+        if parent == str(config.golden_dir):
+            assert mount.get("readOnly") is True and "subPath" not in mount
+            name = volumes[mount["name"]]["configMap"]["name"]
+            assert name in configmaps, f"the runtime mounts ConfigMap {name}, which the rendering lacks"
+            mounted[model] = {k: v.encode() for k, v in configmaps[name]["data"].items()}
+    expected = {m.name: {f.name: f.read_bytes() for f in m.iterdir() if f.is_file()}
+                for m in GOLDEN_DIR.iterdir() if m.is_dir()}
+    assert mounted == expected
+    # Everything but the golden source is the runtime's.
+    base = one(render(KSERVE["runtime"]), "ServingRuntime")
+    assert runtime["spec"]["containers"][0] == base["spec"]["containers"][0]
 
 
 def test_the_runtime_uses_no_field_knative_refuses() -> None:
