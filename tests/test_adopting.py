@@ -186,6 +186,8 @@ def test_kserve_routes_to_the_sidecar_and_triton_listens_on_loopback() -> None:
     assert config.triton.metrics_url == f"http://127.0.0.1:{flags['--metrics-port']}/metrics"
     assert config.metrics.include_triton, "Triton's metrics port is on loopback: the sidecar re-exports it"
     assert flags["--model-control-mode"] == "explicit", "heals load and unload through the repository API"
+    # The pods carry the name a PodMonitor's jobLabel turns into job="triton-sidecar" (k8s/monitoring).
+    assert runtime_spec()["labels"]["app.kubernetes.io/name"] == "triton-sidecar"
     annotations = runtime_spec()["annotations"]
     assert (annotations["prometheus.kserve.io/port"], annotations["prometheus.kserve.io/path"]) == (
         str(KSERVE_PORT), "/metrics")
