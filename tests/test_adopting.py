@@ -34,6 +34,7 @@ KSERVE = {
     "cluster-runtime": REPO / "k8s" / "kserve" / "cluster-runtime",
     "example": REPO / "k8s" / "kserve" / "example",
     "golden-configmap": REPO / "k8s" / "kserve" / "golden-configmap",
+    "serverless-runtime": REPO / "k8s" / "kserve" / "serverless-runtime",
 }
 COMPONENT = REPO / "k8s" / "components" / "triton-sidecar"
 HELM_OVERLAY = REPO / "tests" / "adopting" / "helm-triton"
@@ -251,6 +252,19 @@ def test_the_runtime_uses_no_field_knative_refuses() -> None:
     for c in runtime_spec()["containers"]:
         assert "lifecycle" not in c, f"{c['name']}: Knative refuses lifecycle hooks"
         assert not set(c) & {"stdin", "tty", "volumeDevices"}, c["name"]
+
+
+def test_the_serverless_variant_has_probes_on_the_serving_container_only() -> None:
+    """Knative refuses a probe on any other container while its multi-container-probing feature is
+    off, its default (validateSidecarContainer in knative/serving's k8s_validation.go)."""
+    runtime = one(render(KSERVE["serverless-runtime"]), "ServingRuntime")
+    containers = runtime["spec"]["containers"]
+    assert all(kind in containers[0] for kind in PROBE_PATHS)
+    assert not any(kind in c for c in containers[1:] for kind in PROBE_PATHS)
+    # Everything else is the runtime's.
+    base = one(render(KSERVE["runtime"]), "ServingRuntime")
+    base["spec"]["containers"][1].pop("livenessProbe")
+    assert runtime == base
 
 
 def test_every_kserve_container_runs_locked_down() -> None:
