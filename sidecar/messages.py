@@ -11,6 +11,11 @@ from typing import Any
 MAX_ECHO_CHARS = 80
 
 
+def counted(count: int, noun: str) -> str:
+    """`1 model`, `3 models`: a count with its noun in the number a reader expects (regular plurals)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def cut(text: str, limit: int = 120) -> str:
     """`text`, or its first `limit` characters ending in "..."."""
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -113,7 +113,7 @@ def test_record_then_check_round_trips_every_case_of_an_example_model(model, tri
     rows, footer = parse_table(out)
     assert {(r["case"], r["result"]) for r in rows if r["check"] == "golden"} == {
         (c.name, "pass") for c in shipped}
-    assert footer[-1].startswith(f"check passed: 1 models; {len(shipped)} of {len(shipped)} golden cases passed")
+    assert footer[-1].startswith(f"check passed: 1 model; {len(shipped)} of {len(shipped)} golden cases passed")
     assert {p: p.read_bytes() for p in GOLDEN.rglob("*") if p.is_file()} == repository_files
 
 
@@ -507,7 +507,7 @@ def test_validate_names_the_file_and_path_of_each_kind_of_bad_file(kind, tmp_pat
     problems = [line for line in out.splitlines() if not line.startswith(("note:", "validate:"))]
     assert len(problems) == 1, out
     assert problems[0].startswith(expected)
-    assert out.splitlines()[-1].startswith("validate: 1 problem(s)")
+    assert out.splitlines()[-1].startswith("validate: 1 problem (")
 
 
 def test_validate_reports_every_problem_not_only_the_first(tmp_path, capsys, no_sidecar_env):
@@ -529,7 +529,7 @@ def test_validate_reports_every_problem_not_only_the_first(tmp_path, capsys, no_
         f"{two}: at $.expect.status: 600 is greater than the maximum of 501",
     ]:
         assert sum(line.startswith(wanted) for line in out.splitlines()) == 1, f"{wanted!r} not once in:\n{out}"
-    assert out.splitlines()[-1].startswith("validate: 8 problem(s)")
+    assert out.splitlines()[-1].startswith("validate: 8 problems (")
 
 
 def test_validate_accepts_the_shipped_files_and_a_good_schema(tmp_path, capsys, no_sidecar_env, monkeypatch):
@@ -542,7 +542,47 @@ def test_validate_accepts_the_shipped_files_and_a_good_schema(tmp_path, capsys, 
     code, out, _ = run_cli(capsys, "validate", "--config", config)
     assert code == 0, out
     assert out.splitlines()[-1] == (f"validate: OK (config {config}, 10 golden files for 3 models in "
-                                    "golden_requests, 1 request schemas)")
+                                    "golden_requests, 1 request schema)")
+
+
+def test_validate_counts_one_of_a_kind_in_the_singular(tmp_path, capsys, no_sidecar_env):
+    model = tmp_path / "golden" / "credit_risk"
+    model.mkdir(parents=True)
+    shutil.copy(GOLDEN / "credit_risk" / "normal.json", model / "normal.json")
+    code, out, _ = run_cli(capsys, "validate", "--golden-dir", tmp_path / "golden")
+    assert code == 0, out
+    assert out.splitlines()[-1] == (f"validate: OK (config defaults, 1 golden file for 1 model in "
+                                    f"{tmp_path / 'golden'}, 0 request schemas)")
+
+
+def test_validate_of_the_deployments_config_says_its_golden_dir_is_inside_the_pod(capsys, no_sidecar_env,
+                                                                                   monkeypatch):
+    """k8s/base/sidecar.yaml names /etc/triton-sidecar/golden_requests, where the pod mounts them."""
+    monkeypatch.chdir(REPO)
+    config = Path("k8s/base/sidecar.yaml")
+    code, out, _ = run_cli(capsys, "validate", "--config", config)
+    assert code == 2
+    problems = [line for line in out.splitlines() if not line.startswith(("note:", "validate:"))]
+    assert problems == [
+        "/etc/triton-sidecar/golden_requests: golden directory not found (golden_dir in k8s/base/sidecar.yaml; "
+        "a path inside the pod? pass --golden-dir with the repository's copy, e.g. --golden-dir golden_requests)"]
+    # What the message says to do works: the deployment's config with the repository's golden files.
+    code, out, _ = run_cli(capsys, "validate", "--config", config, "--golden-dir", "golden_requests")
+    assert code == 0, out
+    assert out.splitlines()[-1].startswith("validate: OK (config k8s/base/sidecar.yaml, 10 golden files for 3 models")
+    # A directory named on the command line is the reader's own choice: no guess about pods.
+    code, out, _ = run_cli(capsys, "validate", "--golden-dir", "/nonexistent/golden")
+    assert code == 2 and "/nonexistent/golden: golden directory not found\n" in out
+
+
+def test_the_demo_explains_itself(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--help"])
+    assert exited.value.code == 0
+    help_text = capsys.readouterr().out
+    description = help_text.split("\n\n")[1]
+    assert description.startswith("Start a real Triton Inference Server"), help_text
+    assert "Ctrl-C" in description and "example: triton-sidecar demo" in help_text
 
 
 def test_validate_notes_files_the_sidecar_would_ignore(tmp_path, capsys, no_sidecar_env):

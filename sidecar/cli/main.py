@@ -47,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo", help="start a real Triton with the example models and the sidecar in front of it",
+        description=(
+            "Start a real Triton Inference Server (CPU only, from the nvidia-pytriton wheel) with the\n"
+            "example models and the sidecar in front of it, print the URLs to try and a command that\n"
+            "breaks a model so you can watch it heal. Ctrl-C stops both (within a few seconds) and\n"
+            "removes the demo's temporary folder. Run it from a source checkout (`make demo`)."
+        ),
         epilog="example: triton-sidecar demo --port 8080",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -22,7 +22,7 @@ from sidecar.golden.cases import (
     GOLDEN_SUFFIXES,
     golden_file_problems,
 )
-from sidecar.messages import short_message
+from sidecar.messages import counted, short_message
 from sidecar.serving.request_rules import load_request_rules
 
 
@@ -40,7 +40,10 @@ def add_validate_parser(commands: Any) -> None:
         epilog=(
             "examples:\n"
             "  triton-sidecar validate --golden-dir golden_requests\n"
-            "  triton-sidecar validate --config /etc/triton-sidecar/sidecar.yaml"
+            "  triton-sidecar validate --config /etc/triton-sidecar/sidecar.yaml\n"
+            "  triton-sidecar validate --config k8s/base/sidecar.yaml --golden-dir golden_requests\n"
+            "      (a deployment's config names golden_dir inside the pod: point --golden-dir at the\n"
+            "      repository's copy)"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -67,10 +70,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         print(problem)
     for note in report.notes:
         print(f"note: {note}")
-    checked = (f"config {report.config}, {report.golden_files} golden files for {report.models} models "
-               f"in {report.golden_dir}, {report.schemas} request schemas")
+    checked = (f"config {report.config}, {counted(report.golden_files, 'golden file')} for "
+               f"{counted(report.models, 'model')} in {report.golden_dir}, "
+               f"{counted(report.schemas, 'request schema')}")
     if report.problems:
-        print(f"validate: {len(report.problems)} problem(s) ({checked})")
+        print(f"validate: {counted(len(report.problems), 'problem')} ({checked})")
         return EXIT_USAGE
     print(f"validate: OK ({checked})")
     return EXIT_OK
@@ -79,11 +83,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def validate_files(config_path: Path | None, golden_dir: Path | None) -> ValidationReport:
     """Every problem in the config, the golden files and the request schemas, each naming its file."""
     config, raw, problems = _config_problems(config_path)
+    given_golden_dir = golden_dir is not None
     if golden_dir is None:
         golden_dir = config.golden_dir if config is not None else Path(
             raw["golden_dir"] if isinstance(raw.get("golden_dir"), str) else DEFAULT_GOLDEN_DIR)
     report = ValidationReport(problems, [], str(config_path) if config_path else "defaults", golden_dir)
-    _check_golden_dir(golden_dir, report)
+    _check_golden_dir(golden_dir, report, named_by=None if given_golden_dir else config_path)
     if config is not None:
         schemas: Mapping[str, Any] = config.validation.schemas
     else:
@@ -135,9 +140,17 @@ def _config_error_lines(source: str, error: jsonschema.ValidationError) -> list[
     return [f"{source}: key {key_path or '(top level)'!r}: {short_message(error.message)}"]
 
 
-def _check_golden_dir(golden_dir: Path, report: ValidationReport) -> None:
+def _check_golden_dir(golden_dir: Path, report: ValidationReport, *, named_by: Path | None) -> None:
     if not golden_dir.is_dir():
-        report.problems.append(f"{golden_dir}: golden directory not found")
+        if named_by is not None and golden_dir.is_absolute():
+            # A deployment's config (k8s/base/sidecar.yaml) names where the pod mounts the golden
+            # files, which a CI machine or a laptop does not have: say so, and how to check the
+            # repository's copy instead.
+            report.problems.append(
+                f"{golden_dir}: golden directory not found (golden_dir in {named_by}; a path inside the pod? "
+                f"pass --golden-dir with the repository's copy, e.g. --golden-dir {DEFAULT_GOLDEN_DIR})")
+        else:
+            report.problems.append(f"{golden_dir}: golden directory not found")
         return
     for model_dir in sorted(p for p in golden_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
         report.models += 1

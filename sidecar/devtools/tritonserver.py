@@ -17,8 +17,12 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+#: How long a stop may take before whoever asked is told what Triton is waiting for.
+SLOW_STOP_NOTICE_S = 1.0
 
 #: How long a start may take before we give up: a cold start with a few python models takes 2-3 s
 #: here, a loaded CI machine several times that.
@@ -95,6 +99,7 @@ class LocalTriton:
         ports: TritonPorts | None = None,
         restricted_repository_header: tuple[str, str] | None = None,
         log_verbose: int = 0,
+        exit_timeout_s: int | None = None,
     ) -> None:
         self.model_repository = Path(model_repository)
         self.models = list(models)
@@ -102,6 +107,10 @@ class LocalTriton:
         self.ports = ports or TritonPorts.pick()
         self.restricted_repository_header = restricted_repository_header
         self.log_verbose = log_verbose
+        # Triton's --exit-timeout-secs (its default: 30 s). On SIGTERM Triton waits up to this long
+        # for every model to unload, and an instance whose python stub was killed never finishes
+        # unloading: without a short bound a stop after such a fault waits out the whole 30 s.
+        self.exit_timeout_s = exit_timeout_s
         self.log_path = self.workdir / "tritonserver.log"
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -150,6 +159,8 @@ class LocalTriton:
             "--allow-gpu-metrics=false",
             f"--log-verbose={self.log_verbose}",
         ]
+        if self.exit_timeout_s is not None:
+            cmd.append(f"--exit-timeout-secs={self.exit_timeout_s}")
         if self.restricted_repository_header:
             key, value = self.restricted_repository_header
             cmd.append(f"--http-restricted-api=model-repository:{key}={value}")
@@ -222,19 +233,40 @@ class LocalTriton:
         _signal_group(self._process.pid, signal.SIGKILL)
         self._process.wait()
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self, grace_s: float = 10.0, *, on_slow_stop: Callable[[str], None] | None = None) -> None:
+        """SIGTERM, then SIGKILL after `grace_s`. Past the first second `on_slow_stop` is told what
+        Triton is still waiting for (from its log), so a person at a terminal is not left guessing."""
         process, self._process = self._process, None
         if process is None:
             return
         if process.poll() is None:
             _signal_group(process.pid, signal.SIGTERM)
+            first_wait_s = min(grace_s, SLOW_STOP_NOTICE_S) if on_slow_stop else grace_s
             try:
-                process.wait(grace_s)
+                process.wait(first_wait_s)
             except subprocess.TimeoutExpired:
-                pass
+                if on_slow_stop is not None:
+                    left_s = grace_s - first_wait_s
+                    on_slow_stop(f"Triton (pid {process.pid}) is still stopping: {self.stop_waits_for()}; "
+                                 f"it is killed in {left_s:.0f} s at most")
+                    try:
+                        process.wait(left_s)
+                    except subprocess.TimeoutExpired:
+                        pass
         # Stubs of hung models outlive the server; they share its process group.
         _signal_group(process.pid, signal.SIGKILL)
         process.wait()
+
+    def stop_waits_for(self) -> str:
+        """What a stopping Triton waits for, in its own words (its last countdown line)."""
+        for line in reversed(self.log_tail(10).splitlines()):
+            if "Timeout" in line and "Found" in line:
+                found = line.split("Found", 1)[1].strip().strip('"')
+                if "live models" in found and not found.startswith("0 live"):
+                    return (f"it waits for {found.split(' and ')[0]} to unload (an instance whose python "
+                            "stub was killed never does)")
+                return f"it waits for {found}"
+        return "no word from it in its log yet"
 
     def __enter__(self) -> LocalTriton:
         return self.start()
