@@ -33,7 +33,8 @@ def measure(models: int, rate: float, every: int) -> dict[str, float]:
     names = [f"model_{i}" for i in range(models)]
     for name in names:
         for protocol, code in (("http", "200"), ("http", "400"), ("http", "503"), ("grpc", "OK")):
-            metrics.proxy_requests.labels(protocol=protocol, model=name, code=code).inc(1000)
+            for _ in range(1000):
+                metrics.requests.finish(protocol, name, code, 0.002)
     counters = RequestCounters(metrics)
     health = ModelHealth(names[0], failure_threshold=3, success_threshold=1)
     cases = [SimpleNamespace(version="")] * 3  # three unversioned golden cases

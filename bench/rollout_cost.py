@@ -169,11 +169,11 @@ def main() -> None:
     rollout = rollouts.get("credit_risk")
     rollout.gate_passed()
     router = Router(states=states, rollouts=rollouts, fallback=lambda: True)
-    routed = metrics.routed
+    counts = metrics.requests
 
     def route() -> None:
         r = router.route("credit_risk", "", "")
-        routed.labels(model="credit_risk", version=r.version, reason=r.reason).inc()
+        counts.routed("credit_risk", r.version, r.reason)
 
     stable, candidate = _answer("1", 1), _answer("2", 1)
 

@@ -6,6 +6,8 @@ request path that was not matched against them first.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -14,8 +16,11 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from sidecar import __version__
+from sidecar._dataplane import RequestMetrics
 from sidecar.states import ModelState
 
 PREFIX = "triton_sidecar"
@@ -104,20 +109,10 @@ class SidecarMetrics:
             self.task_crashes.labels(task=kind)
 
         # Proxy
-        self.proxy_requests = Counter(f"{PREFIX}_proxy_requests", "Proxied requests by protocol (http, grpc), "
-                                      "model and status (HTTP status, or gRPC status code name).",
-                                      ["protocol", "model", "code"], registry=registry)
-        self.proxy_duration = Histogram(f"{PREFIX}_proxy_request_duration_seconds",
-                                        "Proxied request duration, as the client saw it.", ["protocol", "model"],
-                                        buckets=LATENCY_BUCKETS, registry=registry)
-        self.proxy_rejections = Counter(f"{PREFIX}_proxy_rejections", "Requests refused before Triton, by protocol and "
-                                        "reason.", ["protocol", "model", "reason"], registry=registry)
-        self.proxy_internal_errors = Counter(f"{PREFIX}_proxy_internal_errors", "Requests the sidecar could not "
-                                             "answer because of an unexpected error of its own (a bug: logged as "
-                                             "proxy_internal_error with its traceback, answered 500 / INTERNAL).",
-                                             ["protocol", "model"], registry=registry)
-        self.outputs_filtered = Counter(f"{PREFIX}_outputs_filtered", "Outputs removed from answers.",
-                                        ["model", "output"], registry=registry)
+        # The per-request families are counted by the data plane (atomics in sidecar._dataplane) and read
+        # by a collector at scrape time: same names, labels and buckets as ever.
+        self.requests = RequestMetrics(list(LATENCY_BUCKETS))
+        registry.register(DataPlaneCollector(self.requests))
         self.quarantined = Counter(f"{PREFIX}_proxy_quarantined", "Requests to a quarantined model, by outcome "
                                    "(rejected, held_released, held_timeout, suspect_released, suspect_refused, "
                                    "suspect_timeout, ended_at_triton).", ["model", "outcome"],
@@ -186,8 +181,6 @@ class SidecarMetrics:
         self.rollout_compared = Counter(f"{PREFIX}_rollout_compared", "Answers of stable and candidate to the "
                                         "same request compared, by outcome (same, differs).",
                                         ["model", "candidate", "outcome"], registry=registry)
-        self.routed = Counter(f"{PREFIX}_routed", "Requests sent to a chosen version, by why (split, pinned, "
-                              "shadow, fallback).", ["model", "version", "reason"], registry=registry)
         self.shadow_dropped = Counter(f"{PREFIX}_shadow_dropped", "Shadow calls not made because "
                                       "proxy.max_shadow_in_flight were already running.", ["model"],
                                       registry=registry)
@@ -240,3 +233,54 @@ class SidecarMetrics:
         for each in ModelState:
             self.model_state.labels(model=model, state=each.value).set(1 if each is state else 0)
 
+
+
+#: The data plane's counter families: (key in RequestMetrics.collect(), name without _total, help, labels).
+_DATA_PLANE_COUNTERS = (
+    ("requests", f"{PREFIX}_proxy_requests", "Proxied requests by protocol (http, grpc), model and status (HTTP "
+     "status, or gRPC status code name).", ("protocol", "model", "code")),
+    ("rejections", f"{PREFIX}_proxy_rejections", "Requests refused before Triton, by protocol and reason.",
+     ("protocol", "model", "reason")),
+    ("internal_errors", f"{PREFIX}_proxy_internal_errors", "Requests the sidecar could not answer because of an "
+     "unexpected error of its own (a bug: logged as proxy_internal_error with its traceback, answered 500 / "
+     "INTERNAL).", ("protocol", "model")),
+    ("outputs_filtered", f"{PREFIX}_outputs_filtered", "Outputs removed from answers.", ("model", "output")),
+    ("routed", f"{PREFIX}_routed", "Requests sent to a chosen version, by why (split, pinned, shadow, fallback).",
+     ("model", "version", "reason")),
+)
+
+_DURATION = (f"{PREFIX}_proxy_request_duration_seconds", "Proxied request duration, as the client saw it.",
+             ("protocol", "model"))
+
+
+class DataPlaneCollector:
+    """The data plane's per-request counters, as Prometheus families at scrape time (one read of the
+    atomics per series; nothing is kept here)."""
+
+    def __init__(self, native: RequestMetrics) -> None:
+        self._native = native
+        self._bounds = [*(_le(b) for b in LATENCY_BUCKETS), "+Inf"]
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples: what the registry checks names against."""
+        for _, name, help_text, labels in _DATA_PLANE_COUNTERS:
+            yield CounterMetricFamily(name, help_text, labels=labels)
+        yield HistogramMetricFamily(_DURATION[0], _DURATION[1], labels=_DURATION[2])
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._native.collect()
+        for key, name, help_text, labels in _DATA_PLANE_COUNTERS:
+            family = CounterMetricFamily(name, help_text, labels=labels)
+            for values, count in now[key]:
+                family.add_metric(values, count)
+            yield family
+        name, help_text, labels = _DURATION
+        histogram = HistogramMetricFamily(name, help_text, labels=labels)
+        for values, cumulative, total in now["duration"]:
+            histogram.add_metric(values, list(zip(self._bounds, cumulative, strict=True)), total)
+        yield histogram
+
+
+def _le(bound: float) -> str:
+    """A bucket bound as prometheus_client's own histograms write it."""
+    return floatToGoString(bound)

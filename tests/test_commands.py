@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from sidecar.cli.check import render_table, report_as_json, run_check
 from sidecar.cli.main import main
@@ -34,7 +35,14 @@ CHECKED_MODELS = [*EXAMPLE_MODELS, "text_echo"]
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
+    """The command line in this process. `run` configures logging onto this test's captured stdout
+    before it can fail; the configuration is put back, or every later test's log line would go to a
+    closed file (and a supervisor that logs would crash)."""
+    saved = structlog.get_config()
+    try:
+        code = main([str(a) for a in argv])
+    finally:
+        structlog.configure(**saved)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -453,7 +461,8 @@ def _shape_data_mismatch(d: Path) -> str:
 
 def _bad_config_key(d: Path) -> str:
     (d / "sidecar.yaml").write_text(f"golden_dir: {d / 'golden'}\nprobes:\n  intervall_s: 2\n")
-    return f"{d / 'sidecar.yaml'}: unknown key 'probes.intervall_s' (known here: failure_threshold, interval_s"
+    return (f"{d / 'sidecar.yaml'}: unknown key 'probes.intervall_s' "
+            "(known here: every_requests, failure_threshold, interval_s")
 
 
 def _bad_schema_file(d: Path) -> str:

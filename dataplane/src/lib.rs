@@ -4,10 +4,12 @@
 //! rollout and drift decisions, metrics registry and logging); this crate holds the per-request
 //! rules, each written once and called from whichever side needs it. Its modules mirror the Python
 //! package's map: `serving` (the rules of a request), `protocol` (the v2 vocabulary: JSON as Triton
-//! reads it), `py` (the PyO3 surface, the only place that touches Python objects).
+//! reads it), `metrics` (counters kept as atomics, read by Python's registry at scrape time), `py`
+//! (the PyO3 surface, the only place that touches Python objects).
 //!
 //! Nothing here reads a file or an environment variable: everything comes from Python.
 
+pub mod metrics;
 pub mod protocol;
 pub mod py;
 pub mod serving;

@@ -229,7 +229,7 @@ class ServingCore:
             health = self._states.get(model)
             if health is None or version not in health.loaded_versions:
                 version = "other"
-        self._metrics.routed.labels(model=model, version=version or "default", reason=reason).inc()
+        self._metrics.requests.routed(model, version or "default", reason)
 
     async def shadow(self, model: str, route: Route, target: str, exchange: Exchange[AnswerT], served: AnswerT
                      ) -> None:

@@ -1,7 +1,8 @@
 """Request telemetry for both fronts: request and trace ids, request metrics, the sampled access log.
 
-Metric children are cached per label set: `labels()` costs a lock and a dict lookup on every call,
-which is measurable on the proxy's hot path.
+The request metrics are counted by the data plane (`SidecarMetrics.requests`, atomics in
+sidecar._dataplane, read by the registry's collector at scrape time); the in-flight gauge stays a
+prometheus_client child, cached per model: `labels()` costs a lock and a dict lookup on every call.
 """
 
 from __future__ import annotations
@@ -60,12 +61,8 @@ class RequestTelemetry:
         self._metrics = metrics
         self._sample_rate = access_log_sample_rate
         self._rng = random.Random()  # noqa: S311 - log sampling and request ids, not secrets
-        self._requests: dict[tuple[str, ...], Any] = {}
-        self._durations: dict[tuple[str, ...], Any] = {}
-        self._rejections: dict[tuple[str, ...], Any] = {}
+        self._counts = metrics.requests
         self._in_flight: dict[tuple[str, ...], Any] = {}
-        self._filtered: dict[tuple[str, ...], Any] = {}
-        self._internal_errors: dict[tuple[str, ...], Any] = {}
 
     def request_id(self, sent: str | None) -> str:
         """The client's X-Request-ID when it is sane, else a new one."""
@@ -79,10 +76,7 @@ class RequestTelemetry:
                failed: bool = False) -> None:
         """Count the request and write its access-log line (every failure, a sample of the rest)."""
         duration = time.perf_counter() - ctx.started
-        _child(self._requests, self._metrics.proxy_requests, protocol=ctx.protocol, model=ctx.label,
-               code=code).inc()
-        _child(self._durations, self._metrics.proxy_duration, protocol=ctx.protocol, model=ctx.label
-               ).observe(duration)
+        self._counts.finish(ctx.protocol, ctx.label, code, duration)
         if not failed:
             rate = self._sample_rate
             # No random draw when the answer is fixed: rate 0 logs none, rate 1 logs all.
@@ -102,19 +96,17 @@ class RequestTelemetry:
         (log.warning if _is_server_side(code) else log.info)("proxy_request", **fields)
 
     def rejected(self, ctx: RequestContext, reason: str) -> None:
-        _child(self._rejections, self._metrics.proxy_rejections, protocol=ctx.protocol, model=ctx.label,
-               reason=reason).inc()
+        self._counts.rejected(ctx.protocol, ctx.label, reason)
 
     def internal_error(self, ctx: RequestContext) -> None:
-        _child(self._internal_errors, self._metrics.proxy_internal_errors, protocol=ctx.protocol,
-               model=ctx.label).inc()
+        self._counts.internal_error(ctx.protocol, ctx.label)
 
     def in_flight(self, model: str) -> Any:
         return _child(self._in_flight, self._metrics.in_flight, model=model)
 
     def filtered(self, model: str, outputs: list[str]) -> None:
-        for name in outputs:
-            _child(self._filtered, self._metrics.outputs_filtered, model=model, output=name).inc()
+        if outputs:
+            self._counts.filtered(model, outputs)
 
 
 def _child(cache: dict[tuple[str, ...], Any], metric: Any, **labels: str) -> Any:

@@ -2,6 +2,7 @@
 //! here wraps one rule of `serving` or `protocol`; `sidecar/_dataplane.pyi` types them for Python.
 
 mod filtering;
+mod metrics;
 mod validation;
 
 use pyo3::prelude::*;
@@ -9,5 +10,6 @@ use pyo3::prelude::*;
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     validation::register(m)?;
-    filtering::register(m)
+    filtering::register(m)?;
+    metrics::register(m)
 }
