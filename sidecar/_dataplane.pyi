@@ -60,3 +60,15 @@ class RequestMetrics:
     def requests(self, protocol: str, model: str, code: str) -> int: ...
     def routed_count(self, model: str, version: str, reason: str) -> int: ...
     def collect(self) -> dict[str, list[tuple[Any, ...]]]: ...
+
+class GenerateRefused(ValueError):
+    """A generate body refused: args are (reason label, message, field or "", field is an input)."""
+
+class GenerateLimits:
+    """What a generate request to one model may ask for (serving::generation::GenerateLimits)."""
+
+    def __init__(
+        self, max_text_bytes: int, max_tokens: int, token_limit_keys: list[str], parameters: list[str]
+    ) -> None: ...
+    def check(self, spec: RequestSpec, body: bytes) -> None:
+        """Check one generate body against the model's inputs; raises GenerateRefused."""
