@@ -72,3 +72,12 @@ class GenerateLimits:
     ) -> None: ...
     def check(self, spec: RequestSpec, body: bytes) -> None:
         """Check one generate body against the model's inputs; raises GenerateRefused."""
+
+def screen_generate_event(
+    data: bytes, is_hidden: Callable[[str], bool] | None, check_non_finite: bool
+) -> tuple[bytes | None, list[str], list[str], str | None]:
+    """(new event or None when untouched, dropped outputs, non-finite fields, Triton's error or None);
+    raises AnswerNotV2 for an event that is not a JSON object."""
+
+def generate_event_needs_screening(data: bytes, has_filter: bool, check_non_finite: bool) -> bool:
+    """False when an event can be passed on unparsed."""

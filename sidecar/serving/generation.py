@@ -11,33 +11,27 @@ cuts the byte stream into events as it arrives, without waiting for more than on
 `screen_event` removes hidden outputs and finds NaN/Inf in numeric fields and Triton's own error
 events. An event that needs no change is passed on byte for byte.
 
-The body check is the data plane's (`dataplane/src/serving/generation.rs`, issue 30).
+The rules themselves are the data plane's (`dataplane/src/serving/generation.rs`, issue 30); what
+stays here are the types the fronts hold and the calls into `sidecar._dataplane`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import rapidjson
 
+from sidecar._dataplane import AnswerNotV2, GenerateRefused
 from sidecar._dataplane import GenerateLimits as NativeGenerateLimits
-from sidecar._dataplane import GenerateRefused
+from sidecar._dataplane import generate_event_needs_screening as _needs_screening
+from sidecar._dataplane import screen_generate_event as _screen_event
 from sidecar.config import GenerationSection
-from sidecar.messages import cut
 from sidecar.protocol.sse import sse_event
 from sidecar.serving.filtering import IsHidden, ResponseFormatError
 from sidecar.serving.refusals import Reason, Refusal
 from sidecar.serving.validation import InvalidRequest, ModelSpec, parse_json
-
-#: Keys of every generate answer that are not outputs.
-_ENVELOPE_KEYS = frozenset({"model_name", "model_version", "id"})
-
-
-_NUMBER_MODE = rapidjson.NM_NATIVE | rapidjson.NM_NAN
-
 
 #: What Triton says when `generate` (one answer) meets a model that sent several responses.
 _SEVERAL_RESPONSES = "exactly 1 response"
@@ -117,49 +111,23 @@ class ScreenedEvent:
     non_finite: list[str] = field(default_factory=list)
     #: Triton's own error, when the event is `{"error": ...}`.
     error: str = ""
-    doc: dict[str, Any] = field(default_factory=dict)
-
-
-#: Words Triton writes for non-finite floats in JSON; absent from an event = nothing to look for.
-_NON_FINITE_WORDS = (b"NaN", b"Infinity")
 
 
 def needs_screening(data: bytes, *, is_hidden: IsHidden | None, check_non_finite: bool) -> bool:
     """False when the event can be passed on unparsed: no filtering rule for the model, no error key,
     and no NaN/Infinity word anywhere in its text (the common case: most events are one token)."""
-    if is_hidden is not None or b'"error"' in data:
-        return True
-    return check_non_finite and any(word in data for word in _NON_FINITE_WORDS)
+    return _needs_screening(data, is_hidden is not None, check_non_finite)
 
 
 def screen_event(data: bytes, *, is_hidden: IsHidden | None, check_non_finite: bool) -> ScreenedEvent:
-    """Hidden outputs removed (the event re-encoded only then), NaN/Inf fields found, errors named."""
+    """Hidden outputs removed, NaN/Inf fields found, errors named. The rule is the data plane's
+    (`dataplane/src/serving/generation.rs`): hidden members are cut out of Triton's text and the
+    others kept byte for byte; an event that needs no change is the very `data` passed in."""
     try:
-        doc = rapidjson.loads(data, number_mode=_NUMBER_MODE)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ResponseFormatError(f"an event that is not JSON: {cut(str(e))}") from e
-    if not isinstance(doc, dict):
-        raise ResponseFormatError("an event that is not a JSON object")
-    if "error" in doc:
-        return ScreenedEvent(data, error=str(doc["error"]), doc=doc)
-    screened = ScreenedEvent(data, doc=doc)
-    if is_hidden is not None:
-        screened.dropped = [k for k in doc if k not in _ENVELOPE_KEYS and is_hidden(k)]
-        if screened.dropped:
-            for key in screened.dropped:
-                del doc[key]
-            screened.data = rapidjson.dumps(doc, number_mode=_NUMBER_MODE).encode()
-    if check_non_finite:
-        screened.non_finite = [k for k, v in doc.items() if _has_non_finite(v)]
-    return screened
-
-
-def _has_non_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, list):
-        return any(_has_non_finite(v) for v in value)
-    return False
+        new_data, dropped, non_finite, error = _screen_event(data, is_hidden, check_non_finite)
+    except AnswerNotV2 as e:
+        raise ResponseFormatError(str(e)) from None
+    return ScreenedEvent(data if new_data is None else new_data, dropped, non_finite, error or "")
 
 
 def is_several_responses_error(message: str) -> bool:

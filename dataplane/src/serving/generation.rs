@@ -1,5 +1,5 @@
 //! Triton's generate extension, wire-free: the body check of `POST .../generate` and
-//! `.../generate_stream`.
+//! `.../generate_stream`, and the screening of each answer or server-sent event.
 //!
 //! A generate body is one flat JSON object: each top-level key is one of the model's inputs (a scalar
 //! or a flat list) or a request parameter, and `parameters` may hold more parameters. Triton turns
@@ -365,6 +365,219 @@ impl Check<'_> {
     }
 }
 
+/// Keys of every generate answer that are not outputs: never hidden.
+const ENVELOPE_KEYS: [&str; 3] = ["model_name", "model_version", "id"];
+
+/// Words Triton writes for non-finite floats in JSON; absent from an event = nothing to look for.
+const NON_FINITE_WORDS: [&[u8]; 2] = [b"NaN", b"Infinity"];
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// False when an event can be passed on unparsed: no filtering rule for the model, no error key, and
+/// no NaN/Infinity word anywhere in its text (the common case: most events are one token).
+pub fn needs_screening(data: &[u8], has_filter: bool, check_non_finite: bool) -> bool {
+    if has_filter || contains(data, b"\"error\"") {
+        return true;
+    }
+    check_non_finite && NON_FINITE_WORDS.iter().any(|w| contains(data, w))
+}
+
+/// One generate answer (or one event of a stream) as it may leave the pod.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ScreenedEvent {
+    /// The event without its hidden outputs; None when it passes untouched.
+    pub data: Option<Vec<u8>>,
+    pub dropped: Vec<String>,
+    /// Fields holding NaN or ±Inf (only looked for when asked).
+    pub non_finite: Vec<String>,
+    /// Triton's own error, when the event is `{"error": ...}` (as Python's `str` writes it).
+    pub error: Option<String>,
+}
+
+/// An event that is not a JSON object; the message says how.
+#[derive(Debug, PartialEq, Eq)]
+pub struct EventFormatError(pub String);
+
+/// Hidden outputs cut out of the event's text (the members kept byte for byte), NaN/Inf fields found,
+/// Triton's error events named.
+pub fn screen_event(
+    data: &[u8],
+    is_hidden: Option<&dyn Fn(&str) -> bool>,
+    check_non_finite: bool,
+) -> Result<ScreenedEvent, EventFormatError> {
+    let not_json = |what: String| EventFormatError(format!("an event that is not JSON: {}", cut(&what, QUOTED_CHARS)));
+    if let Err(e) = std::str::from_utf8(data) {
+        return Err(not_json(utf8_error_text(data, &e)));
+    }
+    let doc = json::parse(data).map_err(|e| not_json(e.to_string()))?;
+    if let Some(offset) = first_overflowing_number(&doc, data) {
+        return Err(not_json(format!("Parse error at offset {offset}: Number too big to be stored in double.")));
+    }
+    let Value::Object(members) = &doc else {
+        return Err(EventFormatError("an event that is not a JSON object".into()));
+    };
+    if let Some(error) = doc.get("error") {
+        let error = match error {
+            Value::Str(s) => s.to_string(),
+            other => py_repr(other),
+        };
+        return Ok(ScreenedEvent { data: None, dropped: Vec::new(), non_finite: Vec::new(), error: Some(error) });
+    }
+    let drop: Vec<bool> =
+        members.iter().map(|(k, _)| !ENVELOPE_KEYS.contains(&k.as_ref()) && is_hidden.is_some_and(|f| f(k))).collect();
+    let kept = members.iter().zip(&drop).filter(|(_, d)| !**d).map(|(m, _)| m);
+    let non_finite: Vec<String> = if check_non_finite {
+        kept.filter(|(_, v)| has_non_finite(v)).map(|(k, _)| k.to_string()).collect()
+    } else {
+        Vec::new()
+    };
+    let dropped: Vec<String> =
+        members.iter().zip(&drop).filter(|(_, d)| **d).map(|((k, _), _)| k.to_string()).collect();
+    let data = if dropped.is_empty() { None } else { Some(drop_members(data, &drop)) };
+    Ok(ScreenedEvent { data, dropped, non_finite, error: None })
+}
+
+fn has_non_finite(value: &Value) -> bool {
+    match value {
+        Value::NonFinite(_) => true,
+        Value::Array(items) => items.iter().any(has_non_finite),
+        _ => false,
+    }
+}
+
+/// Python's `repr` of a JSON value (what `str()` wrote for an error that is not a string).
+fn py_repr(value: &Value) -> String {
+    match value {
+        Value::Array(items) => format!("[{}]", items.iter().map(py_repr).collect::<Vec<_>>().join(", ")),
+        Value::Object(members) => format!(
+            "{{{}}}",
+            members.iter().map(|(k, v)| format!("{}: {}", repr_str(k), py_repr(v))).collect::<Vec<_>>().join(", ")
+        ),
+        scalar => scalar_repr(scalar),
+    }
+}
+
+/// What Python's UTF-8 decoder says of bytes that are not UTF-8 (the event reader decoded first).
+fn utf8_error_text(data: &[u8], e: &std::str::Utf8Error) -> String {
+    let at = e.valid_up_to();
+    let byte = data.get(at).copied().unwrap_or(0);
+    let why = match e.error_len() {
+        None => {
+            let last = data.len().saturating_sub(1);
+            return if last > at {
+                format!("'utf-8' codec can't decode bytes in position {at}-{last}: unexpected end of data")
+            } else {
+                format!("'utf-8' codec can't decode byte 0x{byte:02x} in position {at}: unexpected end of data")
+            };
+        }
+        Some(_) if (0x80..=0xc1).contains(&byte) || byte >= 0xf5 => "invalid start byte",
+        Some(_) => "invalid continuation byte",
+    };
+    format!("'utf-8' codec can't decode byte 0x{byte:02x} in position {at}: {why}")
+}
+
+/// The object's text without the members marked in `drop` (its text is valid JSON: it was parsed).
+fn drop_members(text: &[u8], drop: &[bool]) -> Vec<u8> {
+    let spans = member_spans(text);
+    let (Some(first), Some(last)) = (spans.first(), spans.last()) else {
+        return text.to_vec();
+    };
+    if last.1 > text.len() || spans.len() != drop.len() {
+        return text.to_vec(); // not the text that was parsed: keep it whole rather than guess
+    }
+    let mut out = Vec::with_capacity(text.len());
+    out.extend_from_slice(&text[..first.0]);
+    let mut any = false;
+    for (span, dropped) in spans.iter().zip(drop) {
+        if *dropped {
+            continue;
+        }
+        if any {
+            out.push(b',');
+        }
+        out.extend_from_slice(&text[span.0..span.1]);
+        any = true;
+    }
+    out.extend_from_slice(&text[last.1..]);
+    out
+}
+
+/// The byte spans (key's opening quote to the value's end) of the members of the top-level object in
+/// a text known to be valid JSON: only strings and nesting need tracking.
+fn member_spans(text: &[u8]) -> Vec<(usize, usize)> {
+    let ws = |pos: &mut usize| {
+        while matches!(text.get(*pos), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+            *pos += 1;
+        }
+    };
+    let string_end = |mut pos: usize| -> usize {
+        pos += 1; // the opening quote
+        while let Some(b) = text.get(pos) {
+            match b {
+                b'\\' => pos += 2,
+                b'"' => return pos + 1,
+                _ => pos += 1,
+            }
+        }
+        text.len()
+    };
+    let value_end = |mut pos: usize| -> usize {
+        match text.get(pos) {
+            Some(b'"') => string_end(pos),
+            Some(b'{' | b'[') => {
+                let mut depth = 0usize;
+                while let Some(b) = text.get(pos) {
+                    match b {
+                        b'"' => {
+                            pos = string_end(pos);
+                            continue;
+                        }
+                        b'{' | b'[' => depth += 1,
+                        b'}' | b']' => {
+                            depth = depth.saturating_sub(1);
+                            if depth == 0 {
+                                return pos + 1;
+                            }
+                        }
+                        _ => {}
+                    }
+                    pos += 1;
+                }
+                text.len()
+            }
+            _ => {
+                while !matches!(text.get(pos), None | Some(b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t')) {
+                    pos += 1;
+                }
+                pos
+            }
+        }
+    };
+    let mut spans = Vec::new();
+    let mut pos = 0;
+    ws(&mut pos);
+    pos += 1; // '{'
+    loop {
+        ws(&mut pos);
+        if text.get(pos) != Some(&b'"') {
+            return spans;
+        }
+        let start = pos;
+        pos = string_end(pos);
+        ws(&mut pos);
+        pos += 1; // ':'
+        ws(&mut pos);
+        pos = value_end(pos);
+        spans.push((start, pos));
+        ws(&mut pos);
+        if text.get(pos) == Some(&b',') {
+            pos += 1;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -509,5 +722,84 @@ mod tests {
         assert_eq!(r.reason, Reason::TooManyTokens);
         let long_key = format!(r#"{{"text_input": "hi", "{}": 1}}"#, "k".repeat(100));
         assert_eq!(refused(&long_key).field, format!("{}...", "k".repeat(77)));
+    }
+
+    fn secret(name: &str) -> bool {
+        name.starts_with("secret")
+    }
+
+    fn screened(event: &[u8]) -> ScreenedEvent {
+        match screen_event(event, Some(&secret), true) {
+            Ok(s) => s,
+            Err(e) => panic!("{}: {}", String::from_utf8_lossy(event), e.0),
+        }
+    }
+
+    #[test]
+    fn screening_drops_hidden_outputs_and_finds_non_finite_fields() {
+        let s = screened(br#"{"model_name":"llm","text_output":"hi","logprob":NaN,"secret":"x"}"#);
+        assert_eq!((s.dropped, s.non_finite), (vec!["secret".to_string()], vec!["logprob".to_string()]));
+        assert_eq!(s.data.unwrap(), br#"{"model_name":"llm","text_output":"hi","logprob":NaN}"#);
+        let untouched = screened(br#"{"model_name":"llm","text_output":"hi"}"#);
+        assert_eq!(untouched, ScreenedEvent { data: None, dropped: vec![], non_finite: vec![], error: None });
+        let error = screen_event(br#"{"error":"Stub process is not healthy."}"#, None, true).unwrap();
+        assert_eq!(error.error.as_deref(), Some("Stub process is not healthy."));
+    }
+
+    #[test]
+    fn kept_members_pass_byte_for_byte_and_the_envelope_is_never_hidden() {
+        let s = screened(br#" { "secret" : [1, {"x": "}"}] , "text_output" : "a\"b\u00e9" , "secret2": {} } "#);
+        assert_eq!(s.dropped, vec!["secret".to_string(), "secret2".to_string()]);
+        assert_eq!(s.data.unwrap(), br#" { "text_output" : "a\"b\u00e9" } "#);
+        let s = screen_event(br#"{"id":"x","secret":1,"model_name":"m"}"#, Some(&|_: &str| true), true).unwrap();
+        assert_eq!(s.data.unwrap(), br#"{"id":"x","model_name":"m"}"#);
+        assert_eq!(screened(br#"{"secret": 1}"#).data.unwrap(), b"{}");
+    }
+
+    #[test]
+    fn non_finite_values_are_looked_for_in_lists_not_objects() {
+        let s = screen_event(br#"{"a": [1, [2, -Infinity]], "b": {"c": NaN}, "secret_x": [NaN]}"#, None, true).unwrap();
+        assert_eq!(s.non_finite, vec!["a".to_string(), "secret_x".to_string()]);
+        let s = screen_event(br#"{"a": [NaN]}"#, None, false).unwrap();
+        assert!(s.non_finite.is_empty());
+    }
+
+    #[test]
+    fn an_error_that_is_not_a_string_is_written_as_python_writes_it() {
+        for (event, error) in [
+            (&br#"{"error": {"a": [1, 2.5, null, true, "x", NaN]}}"#[..], "{'a': [1, 2.5, None, True, 'x', nan]}"),
+            (br#"{"error": 5}"#, "5"),
+            (br#"{"error": null, "secret": 1}"#, "None"),
+        ] {
+            let s = screened(event);
+            assert_eq!((s.error.as_deref(), s.data), (Some(error), None));
+        }
+    }
+
+    #[test]
+    fn events_that_are_not_json_objects_say_how() {
+        for (event, message) in [
+            (&b"{\"a\": 1e400}"[..], "an event that is not JSON: Parse error at offset 6: Number too big to be stored in double."),
+            (b"{\"a\": \"\xff\"}", "an event that is not JSON: 'utf-8' codec can't decode byte 0xff in position 7: invalid start byte"),
+            (b"{\"a\": \"\xe2\x82", "an event that is not JSON: 'utf-8' codec can't decode bytes in position 7-8: unexpected end of data"),
+            (
+                b"{\"a\": \"\xe0\x80\"}",
+                "an event that is not JSON: 'utf-8' codec can't decode byte 0xe0 in position 7: invalid continuation byte",
+            ),
+            (b"[1]", "an event that is not a JSON object"),
+            (b"{", "an event that is not JSON: Parse error at offset 1: Missing a name for object member."),
+        ] {
+            assert_eq!(screen_event(event, None, true).unwrap_err().0, message);
+        }
+    }
+
+    #[test]
+    fn only_events_with_a_filter_an_error_or_a_non_finite_word_are_parsed() {
+        let token = br#"{"model_name":"llm","text_output":"hi"}"#;
+        assert!(!needs_screening(token, false, true));
+        assert!(needs_screening(token, true, false));
+        assert!(needs_screening(br#"{"error":"x"}"#, false, false));
+        assert!(needs_screening(br#"{"a":NaN}"#, false, true));
+        assert!(!needs_screening(br#"{"a":NaN}"#, false, false));
     }
 }
