@@ -60,3 +60,24 @@ class RequestMetrics:
     def requests(self, protocol: str, model: str, code: str) -> int: ...
     def routed_count(self, model: str, version: str, reason: str) -> int: ...
     def collect(self) -> dict[str, list[tuple[Any, ...]]]: ...
+
+class GenerateRefused(ValueError):
+    """A generate body refused: args are (reason label, message, field or "", field is an input)."""
+
+class GenerateLimits:
+    """What a generate request to one model may ask for (serving::generation::GenerateLimits)."""
+
+    def __init__(
+        self, max_text_bytes: int, max_tokens: int, token_limit_keys: list[str], parameters: list[str]
+    ) -> None: ...
+    def check(self, spec: RequestSpec, body: bytes) -> None:
+        """Check one generate body against the model's inputs; raises GenerateRefused."""
+
+def screen_generate_event(
+    data: bytes, is_hidden: Callable[[str], bool] | None, check_non_finite: bool
+) -> tuple[bytes | None, list[str], list[str], str | None]:
+    """(new event or None when untouched, dropped outputs, non-finite fields, Triton's error or None);
+    raises AnswerNotV2 for an event that is not a JSON object."""
+
+def generate_event_needs_screening(data: bytes, has_filter: bool, check_non_finite: bool) -> bool:
+    """False when an event can be passed on unparsed."""

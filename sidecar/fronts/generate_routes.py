@@ -41,7 +41,6 @@ from sidecar.protocol.sse import EventSplitter, sse_event
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
 from sidecar.serving.core import OutputPolicy, Screened, ServingCore
 from sidecar.serving.generation import (
-    GenerateLimits,
     check_generate_request,
     error_event,
     is_several_responses_error,
@@ -88,9 +87,7 @@ class _GenerateCall:
                         "Content-Type": "application/json", **forwarded_headers(request.headers)}
 
     def validate(self, spec: ModelSpec) -> None:
-        core = self.core
-        limits = GenerateLimits.for_model(core.config.generation, self.model, core.config.validation.max_bytes_element)
-        check_generate_request(spec, self.body, limits)
+        check_generate_request(spec, self.body, self.core.generate_limits(self.model))
 
     def server_fault(self, status: int, body: bytes) -> UpstreamFailure | None:
         """Triton's error answer as a server fault (None: a 4xx that is the client's to read). A dead

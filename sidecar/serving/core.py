@@ -29,6 +29,7 @@ from sidecar.serving.admission import Admission
 from sidecar.serving.breaker import Breaker
 from sidecar.serving.drift import DriftMonitor, Tensor
 from sidecar.serving.filtering import IsHidden, OutputFilter, ResponseFormatError
+from sidecar.serving.generation import GenerateLimits
 from sidecar.serving.lifecycle import Lifecycle
 from sidecar.serving.passive_signals import HealthEvents, PassiveSignals
 from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
@@ -160,6 +161,7 @@ class ServingCore:
                                    metrics=metrics)
         self._breakers: dict[str, Breaker] = {}
         self._policies: dict[str, OutputPolicy] = {}
+        self._generate_limits: dict[str, GenerateLimits] = {}
 
     # -- the chain of one inference, in order ------------------------------------------------------------
 
@@ -337,6 +339,15 @@ class ServingCore:
             policy = self._policies[model] = OutputPolicy(self.filter.for_model(model), not allows_non_finite)
         return policy
 
+    def generate_limits(self, model: str) -> GenerateLimits:
+        """What a generate request to `model` may ask for, built once per model and configuration
+        (its data-plane copy with it)."""
+        limits = self._generate_limits.get(model)
+        if limits is None:
+            limits = self._generate_limits[model] = GenerateLimits.for_model(
+                self.config.generation, model, self.config.validation.max_bytes_element)
+        return limits
+
     def reconfigure(self, config: SidecarConfig) -> None:
         """Validation and filtering from a reloaded config. The request schema files are compiled
         first: a broken one raises ConfigError and nothing changes. Triton's URL and the proxy's
@@ -350,6 +361,7 @@ class ServingCore:
         self.drift.reconfigure(config.drift, count_nan=not config.validation.reject_non_finite)
         self.rollouts.reconfigure(config.rollouts)
         self._policies.clear()
+        self._generate_limits.clear()
 
     def forget_model(self, model: str) -> None:
         """Drop what is cached about a model whose golden files or spec changed."""

@@ -2,6 +2,7 @@
 //! here wraps one rule of `serving` or `protocol`; `sidecar/_dataplane.pyi` types them for Python.
 
 mod filtering;
+mod generation;
 mod metrics;
 mod validation;
 
@@ -11,5 +12,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     validation::register(m)?;
     filtering::register(m)?;
-    metrics::register(m)
+    metrics::register(m)?;
+    generation::register(m)
 }

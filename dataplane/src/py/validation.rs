@@ -21,7 +21,7 @@ create_exception!(
 /// What a valid request to one model (version) looks like, built once per spec on the Python side.
 #[pyclass(frozen, module = "sidecar._dataplane")]
 pub struct RequestSpec {
-    spec: validation::RequestSpec,
+    pub(crate) spec: validation::RequestSpec,
     /// The filtering rules' verdict by output name, for servers whose metadata declares no outputs.
     is_hidden: Option<Py<PyAny>>,
 }

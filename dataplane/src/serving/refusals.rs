@@ -20,6 +20,8 @@ pub enum Reason {
     FilteredOutput,
     SharedMemory,
     TooManyElements,
+    UnknownField,
+    TooManyTokens,
 }
 
 impl Reason {
@@ -39,6 +41,8 @@ impl Reason {
             Reason::FilteredOutput => "filtered_output",
             Reason::SharedMemory => "shared_memory",
             Reason::TooManyElements => "too_many_elements",
+            Reason::UnknownField => "unknown_field",
+            Reason::TooManyTokens => "too_many_tokens",
         }
     }
 }
