@@ -135,6 +135,27 @@ pub fn parse_with_spans<'t>(bytes: &'t [u8], key: &str) -> Result<WithSpans<'t>,
     Ok((doc, Some(spans)))
 }
 
+/// `text` with the pieces at `spans` (sorted, separated only by commas and white space) where `keep`
+/// is false cut out, and the kept ones joined by commas: the elements of an array or the members of an
+/// object removed from a document while every other byte stays as it was written.
+pub fn splice(text: &[u8], spans: &[(usize, usize)], keep: &[bool]) -> Vec<u8> {
+    let (Some(first), Some(last)) = (spans.first(), spans.last()) else {
+        return text.to_vec();
+    };
+    let mut out = Vec::with_capacity(text.len());
+    out.extend_from_slice(&text[..first.0]);
+    let mut any = false;
+    for (span, _) in spans.iter().zip(keep).filter(|(_, kept)| **kept) {
+        if any {
+            out.push(b',');
+        }
+        out.extend_from_slice(&text[span.0..span.1]);
+        any = true;
+    }
+    out.extend_from_slice(&text[last.1..]);
+    out
+}
+
 /// Errors are boxed inside the parser: a Result as small as its Value keeps the hot path lean.
 type Parsed<T> = Result<T, Box<ParseError>>;
 

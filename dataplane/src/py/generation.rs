@@ -58,10 +58,7 @@ fn screen_generate_event<'py>(
     is_hidden: Option<Bound<'py, PyAny>>,
     check_non_finite: bool,
 ) -> PyResult<ScreenedTuple<'py>> {
-    // A filter that fails is taken as "hidden": withholding is the safe side.
-    let hidden = |name: &str| -> bool {
-        is_hidden.as_ref().is_none_or(|f| f.call1((name,)).and_then(|v| v.is_truthy()).unwrap_or(true))
-    };
+    let hidden = super::output_filter(&is_hidden);
     let filter: Option<&dyn Fn(&str) -> bool> = if is_hidden.is_some() { Some(&hidden) } else { None };
     match generation::screen_event(data, filter, check_non_finite) {
         Ok(s) => Ok((s.data.map(|d| PyBytes::new(py, &d)), s.dropped, s.non_finite, s.error)),

@@ -15,3 +15,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     metrics::register(m)?;
     generation::register(m)
 }
+
+/// A Python output filter (`is_hidden(name) -> bool`; None: nothing hidden) as the rules take it.
+/// A filter that fails is taken as "hidden": withholding an output is the safe side.
+pub(crate) fn output_filter<'a, 'py>(is_hidden: &'a Option<Bound<'py, PyAny>>) -> impl Fn(&str) -> bool + 'a {
+    move |name: &str| is_hidden.as_ref().is_some_and(|f| f.call1((name,)).and_then(|v| v.is_truthy()).unwrap_or(true))
+}

@@ -120,24 +120,8 @@ fn hidden(is_hidden: Option<&dyn Fn(&str) -> bool>, name: &str) -> bool {
 
 /// The text with the outputs at `drop` (indices) cut out, the others kept as they are.
 fn drop_from_json(text: &[u8], spans: &[(usize, usize)], drop: &[bool]) -> Vec<u8> {
-    let (Some(first), Some(last)) = (spans.first(), spans.last()) else {
-        return text.to_vec();
-    };
-    let mut out = Vec::with_capacity(text.len());
-    out.extend_from_slice(&text[..first.0]);
-    let mut any = false;
-    for (span, dropped) in spans.iter().zip(drop) {
-        if *dropped {
-            continue;
-        }
-        if any {
-            out.push(b',');
-        }
-        out.extend_from_slice(&text[span.0..span.1]);
-        any = true;
-    }
-    out.extend_from_slice(&text[last.1..]);
-    out
+    let keep: Vec<bool> = drop.iter().map(|d| !d).collect();
+    json::splice(text, spans, &keep)
 }
 
 fn screen_json(

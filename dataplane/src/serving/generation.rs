@@ -481,27 +481,14 @@ fn utf8_error_text(data: &[u8], e: &std::str::Utf8Error) -> String {
 /// The object's text without the members marked in `drop` (its text is valid JSON: it was parsed).
 fn drop_members(text: &[u8], drop: &[bool]) -> Vec<u8> {
     let spans = member_spans(text);
-    let (Some(first), Some(last)) = (spans.first(), spans.last()) else {
+    let Some(last) = spans.last() else {
         return text.to_vec();
     };
     if last.1 > text.len() || spans.len() != drop.len() {
         return text.to_vec(); // not the text that was parsed: keep it whole rather than guess
     }
-    let mut out = Vec::with_capacity(text.len());
-    out.extend_from_slice(&text[..first.0]);
-    let mut any = false;
-    for (span, dropped) in spans.iter().zip(drop) {
-        if *dropped {
-            continue;
-        }
-        if any {
-            out.push(b',');
-        }
-        out.extend_from_slice(&text[span.0..span.1]);
-        any = true;
-    }
-    out.extend_from_slice(&text[last.1..]);
-    out
+    let keep: Vec<bool> = drop.iter().map(|d| !d).collect();
+    json::splice(text, &spans, &keep)
 }
 
 /// The byte spans (key's opening quote to the value's end) of the members of the top-level object in
