@@ -3,6 +3,8 @@
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 __version__: str
 
 class RequestRefused(ValueError):
@@ -60,3 +62,14 @@ class RequestMetrics:
     def requests(self, protocol: str, model: str, code: str) -> int: ...
     def routed_count(self, model: str, version: str, reason: str) -> int: ...
     def collect(self) -> dict[str, list[tuple[Any, ...]]]: ...
+
+def compare_output(
+    name: str,
+    datatype: str,
+    shape: tuple[int, ...],
+    values: np.ndarray,
+    atol: float,
+    rtol: float,
+    got: tuple[str, tuple[int, ...], np.ndarray] | None,
+) -> list[str]:
+    """Every way output `name` differs from its expectation, as messages (golden::compare)."""

@@ -1,6 +1,7 @@
 //! The PyO3 surface of `sidecar._dataplane`: the only module that touches Python objects. Each class
 //! here wraps one rule of `serving` or `protocol`; `sidecar/_dataplane.pyi` types them for Python.
 
+mod compare;
 mod filtering;
 mod metrics;
 mod validation;
@@ -10,6 +11,7 @@ use pyo3::prelude::*;
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     validation::register(m)?;
+    compare::register(m)?;
     filtering::register(m)?;
     metrics::register(m)
 }
