@@ -73,3 +73,9 @@ def compare_output(
     got: tuple[str, tuple[int, ...], np.ndarray] | None,
 ) -> list[str]:
     """Every way output `name` differs from its expectation, as messages (golden::compare)."""
+
+def decode_answer(
+    body: bytes, header_length: int | None
+) -> tuple[str | None, list[tuple[str, str, list[int], list[bytes] | list[str] | tuple[str | None, bytes]]]]:
+    """(model_version, [(name, datatype, shape, values)]) of a 200 infer answer (protocol::answers);
+    raises AnswerNotV2. Values: a list for BYTES, else (dtype or None for a binary section, data)."""
