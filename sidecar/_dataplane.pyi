@@ -3,6 +3,8 @@
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 __version__: str
 
 class RequestRefused(ValueError):
@@ -81,3 +83,20 @@ def screen_generate_event(
 
 def generate_event_needs_screening(data: bytes, has_filter: bool, check_non_finite: bool) -> bool:
     """False when an event can be passed on unparsed."""
+
+def compare_output(
+    name: str,
+    datatype: str,
+    shape: tuple[int, ...],
+    values: np.ndarray,
+    atol: float,
+    rtol: float,
+    got: tuple[str, tuple[int, ...], np.ndarray] | None,
+) -> list[str]:
+    """Every way output `name` differs from its expectation, as messages (golden::compare)."""
+
+def decode_answer(
+    body: bytes, header_length: int | None
+) -> tuple[str | None, list[tuple[str, str, list[int], list[bytes] | list[str] | tuple[str | None, bytes]]]]:
+    """(model_version, [(name, datatype, shape, values)]) of a 200 infer answer (protocol::answers);
+    raises AnswerNotV2. Values: a list for BYTES, else (dtype or None for a binary section, data)."""

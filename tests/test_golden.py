@@ -83,6 +83,21 @@ def test_many_differences_are_summarised(tmp_path):
     assert len(messages) == 4 and messages[-1] == "scores: 7 more elements differ"
 
 
+def test_bytes_outputs_compare_as_bytes_and_are_quoted_as_the_file_and_the_answer_have_them(tmp_path):
+    body = {
+        "request": {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]}]},
+        "expect": {"status": 200, "outputs": {"label": {"datatype": "BYTES", "shape": [5],
+                                                        "data": ["cat", "dog", "it's", "a", "b"]}}},
+    }
+    case = load_golden_file(_case_file(tmp_path, body), model="m")
+    same = np.array([b"cat", "dog", b"it's", b"a", b"b"], dtype=np.object_)
+    assert compare_outputs(case, {"label": ReceivedOutput("BYTES", (5,), same)}) == []
+    other = np.array([b"cow\xff", "dog", b"its", b"x", b"y"], dtype=np.object_)
+    assert [str(m) for m in compare_outputs(case, {"label": ReceivedOutput("BYTES", (5,), other)})] == [
+        "label[0] expected 'cat', got b'cow\\xff'", "label[2] expected \"it's\", got b'its'",
+        "label[3] expected 'a', got b'x'", "label: 1 more elements differ"]
+
+
 @pytest.mark.parametrize(
     ("body", "expected"),
     [

@@ -14,6 +14,7 @@ from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from sidecar.golden.cases import INFER, load_golden_dir, request_as_arrays
 from sidecar.health.infer_body import decode_answer, encode_request
+from sidecar.protocol.answers import answer_tensors
 from tests.harness import GOLDEN
 
 
@@ -85,3 +86,19 @@ def test_binary_and_json_answers_decode_to_tritonclient_s_arrays():
 def test_an_answer_that_is_not_v2_raises_what_the_client_maps_to_502(body):
     with pytest.raises((ValueError, KeyError, TypeError)):
         decode_answer(body, None)
+
+
+def test_measuring_reads_the_numeric_outputs_of_the_same_decoding_and_nothing_of_an_answer_not_v2():
+    floats = np.array([0.25, -1.5], dtype=np.float32).tobytes()
+    strings = serialize_byte_tensor(np.array([b"ab"], dtype=object)).item()
+    header = json.dumps({"model_name": "m", "model_version": "2", "outputs": [
+        {"name": "s", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": len(strings)}},
+        {"name": "f", "datatype": "FP32", "shape": [1, 2], "parameters": {"binary_data_size": len(floats)}},
+        {"name": "j", "datatype": "INT32", "shape": [2], "data": [7, -8]},
+        {"name": "b", "datatype": "BOOL", "shape": [1], "data": [True]}]}).encode()
+    version, tensors = answer_tensors(header + strings + floats, len(header))
+    assert version == "2" and [t[:3] for t in tensors] == [("f", "FP32", (1, 2)), ("j", "INT32", (2,))]
+    assert tensors[0][3].dtype == np.float32 and tensors[0][3].tolist() == [0.25, -1.5]
+    assert tensors[1][3].dtype == np.int32 and tensors[1][3].tolist() == [7, -8]
+    for body, length in ((b"[]", None), (b"not json", None), (header, len(header))):
+        assert answer_tensors(body, length) == ("", [])  # the last: binary sections missing

@@ -5,9 +5,10 @@ HTTP client does it (`InferInput.set_data_from_numpy(binary_data=False)` + `gene
 Why not tritonclient's own: importing `tritonclient.http` imports its HTTP client too, and with it
 gevent, geventhttpclient, greenlet and zope: about 10 MB of resident memory for a client the sidecar
 never uses (its HTTP is aiohttp's and its own pool), a seventh of issue 18's 80 MB idle budget. The
-dtype tables and the BYTES decoding are still tritonclient's (`tritonclient.utils`, no gevent), so a
-probe sees the same arrays as before: JSON nulls read as NaN, binary outputs (Triton answers all
-outputs in binary when the case names none) decoded by datatype, BYTES as an object array.
+dtype table is still tritonclient's (`tritonclient.utils`, no gevent) and the answer is decoded by
+the data plane's rule (sidecar.protocol.answers), tested against tritonclient's parser, so a probe
+sees the same arrays as before: JSON nulls read as NaN, binary outputs (Triton answers all outputs in
+binary when the case names none) decoded by datatype, BYTES as an object array.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ import rapidjson
 from tritonclient.utils import (
     TRITON_RESERVED_REQUEST_PARAMS,
     TRITON_RESERVED_REQUEST_PARAMS_PREFIX,
-    deserialize_bytes_tensor,
     np_to_triton_dtype,
     raise_error,
     triton_to_np_dtype,
 )
 
 from sidecar.golden.cases import GoldenCase, ReceivedOutput, request_as_arrays
+from sidecar.protocol.answers import decode_outputs
 
 
 def encode_request(case: GoldenCase) -> bytes:
@@ -73,38 +74,9 @@ def _input(name: str, datatype: str, array: np.ndarray) -> dict[str, Any]:
 
 def decode_answer(body: bytes, header_length: int | None) -> dict[str, ReceivedOutput]:
     """Every output of a 200 answer (JSON, or a JSON header of `header_length` bytes + binary
-    sections). Raises ValueError, KeyError or TypeError for an answer that is not v2 (the caller's
-    502), as tritonclient's parser did."""
-    header = body if header_length is None else body[:header_length]
-    result = rapidjson.loads(header)
-    if not isinstance(result, dict):
-        raise TypeError(f"the answer is a JSON {type(result).__name__}, not an object")
-    buffer = b"" if header_length is None else body[header_length:]
-    offsets: dict[str, int] = {}
-    if header_length is not None:
-        at = 0
-        for output in result["outputs"]:
-            size = (output.get("parameters") or {}).get("binary_data_size")
-            if size is not None:
-                offsets[output["name"]] = at
-                at += size
-    received = {}
-    for output in result.get("outputs", []):
-        received[output["name"]] = ReceivedOutput(datatype=output["datatype"], shape=tuple(output["shape"]),
-                                                  data=np.asarray(_values(output, buffer, offsets)))
-    return received
-
-
-def _values(output: dict[str, Any], buffer: bytes, offsets: dict[str, int]) -> np.ndarray:
-    datatype = output["datatype"]
-    size = (output.get("parameters") or {}).get("binary_data_size")
-    if size is None:
-        values = np.array(output["data"], dtype=triton_to_np_dtype(datatype))
-    elif size == 0:
-        values = np.empty(0, dtype=triton_to_np_dtype(datatype))
-    else:
-        start = offsets[output["name"]]
-        chunk = buffer[start:start + size]
-        values = (deserialize_bytes_tensor(chunk) if datatype == "BYTES"
-                  else np.frombuffer(chunk, dtype=triton_to_np_dtype(datatype)))
-    return values.reshape(output["shape"])
+    sections), as tritonclient's `as_numpy` reads it. Raises ValueError for an answer that is not v2
+    (the caller's 502), as tritonclient's parser did; the decoding is the data plane's
+    (sidecar.protocol.answers)."""
+    _, outputs = decode_outputs(body, header_length, triton_to_np_dtype)
+    return {name: ReceivedOutput(datatype=datatype, shape=shape, data=values.reshape(shape))
+            for name, datatype, shape, values in outputs}
