@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use crate::protocol::pytext::repr_str;
+use crate::protocol::pytext::{repr_bytes, repr_str};
 
 /// How many differing elements one output reports; the rest are counted.
 pub const MAX_REPORTED_ELEMENTS: usize = 3;
@@ -212,31 +212,6 @@ fn exp(value: f64, digits: usize) -> String {
         }
         None => text,
     }
-}
-
-/// Python's `repr(bytes)`: b'...' (b"..." when the bytes hold a ' and no "), printable ASCII as is,
-/// \t \n \r \\ and the quote escaped, anything else as \xNN.
-pub fn repr_bytes(bytes: &[u8]) -> String {
-    let quote = if bytes.contains(&b'\'') && !bytes.contains(&b'"') { '"' } else { '\'' };
-    let mut out = String::with_capacity(bytes.len() + 3);
-    out.push('b');
-    out.push(quote);
-    for &b in bytes {
-        match b {
-            b'\t' => out.push_str("\\t"),
-            b'\n' => out.push_str("\\n"),
-            b'\r' => out.push_str("\\r"),
-            b'\\' => out.push_str("\\\\"),
-            _ if b as char == quote => {
-                out.push('\\');
-                out.push(quote);
-            }
-            0x20..=0x7e => out.push(b as char),
-            _ => out.push_str(&format!("\\x{b:02x}")),
-        }
-    }
-    out.push(quote);
-    out
 }
 
 #[cfg(test)]

@@ -145,6 +145,31 @@ pub fn repr_str(text: &str) -> String {
     out
 }
 
+/// Python's `repr(bytes)`: b'...' (b"..." when the bytes hold a ' and no "), printable ASCII as is,
+/// \t \n \r \\ and the quote escaped, anything else as \xNN.
+pub fn repr_bytes(bytes: &[u8]) -> String {
+    let quote = if bytes.contains(&b'\'') && !bytes.contains(&b'"') { '"' } else { '\'' };
+    let mut out = String::with_capacity(bytes.len() + 3);
+    out.push('b');
+    out.push(quote);
+    for &b in bytes {
+        match b {
+            b'\t' => out.push_str("\\t"),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            b'\\' => out.push_str("\\\\"),
+            _ if b as char == quote => {
+                out.push('\\');
+                out.push(quote);
+            }
+            0x20..=0x7e => out.push(b as char),
+            _ => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    out.push(quote);
+    out
+}
+
 /// The shortest digits of `f` (no sign) and its decimal point position: f = 0.DIGITS × 10^point.
 fn shortest_digits(f: f64) -> (String, i32) {
     let sci = format!("{:e}", f.abs()); // e.g. "1.2345e-5": Rust prints the shortest round-trip digits
