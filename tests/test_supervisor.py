@@ -584,9 +584,10 @@ def test_request_counters_read_the_counters_metrics_exports_without_adding_serie
     assert counters.served(MODEL) == 0 and counters.served(MODEL, "1") == 0
     assert registry.get_sample_value("triton_sidecar_proxy_requests_total",
                                      {"protocol": "http", "model": MODEL, "code": "200"}) is None
-    metrics.proxy_requests.labels(protocol="http", model=MODEL, code="200").inc(3)
-    metrics.proxy_requests.labels(protocol="grpc", model=MODEL, code="OK").inc(2)
-    metrics.proxy_requests.labels(protocol="http", model=MODEL, code="400").inc(7)  # refused: not served
-    metrics.routed.labels(model=MODEL, version="1", reason="pinned").inc(2)
-    metrics.routed.labels(model=MODEL, version="1", reason="shadow").inc(9)  # the sidecar's own copies
+    for protocol, code, times in (("http", "200", 3), ("grpc", "OK", 2), ("http", "400", 7)):  # 400: not served
+        for _ in range(times):
+            metrics.requests.finish(protocol, MODEL, code, 0.002)
+    for reason, times in (("pinned", 2), ("shadow", 9)):  # shadow: the sidecar's own copies
+        for _ in range(times):
+            metrics.requests.routed(MODEL, "1", reason)
     assert counters.served(MODEL) == 5 and counters.served(MODEL, "1") == 2

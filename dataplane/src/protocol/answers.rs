@@ -80,11 +80,10 @@ pub fn decode(body: &[u8], header_length: Option<i64>) -> Result<Answer, NotV2> 
         let text =
             |key: &str| field(key)?.as_str().ok_or_else(|| not_v2(format!("outputs[{i}].{key} is not a string")));
         let (name, datatype) = (text("name")?.to_owned(), text("datatype")?.to_owned());
-        let shape = match field("shape")? {
-            Value::Array(dims) => dims.iter().map(integer).collect::<Option<Vec<i64>>>(),
-            _ => None,
-        }
-        .ok_or_else(|| not_v2(format!("outputs[{i}].shape is not a list of integers")))?;
+        let shape = field("shape")?
+            .items()
+            .and_then(|dims| dims.iter().map(integer).collect::<Option<Vec<i64>>>())
+            .ok_or_else(|| not_v2(format!("outputs[{i}].shape is not a list of integers")))?;
         let size = item.get("parameters").and_then(|p| p.get("binary_data_size"));
         let values = match size {
             Some(size) if *size != Value::Null && header_length.is_some() => {
@@ -111,17 +110,18 @@ fn integer(value: &Value) -> Option<i64> {
     }
 }
 
-fn leaves<'v, 'a>(data: &'v Value<'a>, out: &mut Vec<&'v Value<'a>>) {
+fn leaves<'a>(data: &Value<'a>, out: &mut Vec<Value<'a>>) {
     match data {
         Value::Array(items) => items.iter().for_each(|item| leaves(item, out)),
-        leaf => out.push(leaf),
+        Value::Numbers(run) => out.extend(run.iter()),
+        leaf => out.push(leaf.clone()),
     }
 }
 
 /// A JSON `data` list as numpy reads it for `datatype`: null is NaN (MLServer writes NaN so) in a
 /// float output; null, NaN and ±Inf are refused in an integer output, as numpy refuses them there.
 fn json_values(datatype: &str, data: &Value) -> Result<Values, &'static str> {
-    if !matches!(data, Value::Array(_)) {
+    if !data.is_array() {
         return Err("is not a list");
     }
     let mut flat = Vec::new();
@@ -136,7 +136,7 @@ fn json_values(datatype: &str, data: &Value) -> Result<Values, &'static str> {
     }
     let mut numbers = Vec::with_capacity(flat.len());
     for leaf in flat {
-        numbers.push(match leaf {
+        numbers.push(match &leaf {
             Value::Null => Number::Float(f64::NAN),
             Value::Bool(b) => Number::Int(*b as i64),
             other => match other.number() {

@@ -30,8 +30,40 @@ pub enum Value<'a> {
     NonFinite(f64),
     Str(Cow<'a, str>),
     Array(Vec<Value<'a>>),
+    /// An array whose elements are all numbers (tensor data), kept as its text with what a check
+    /// needs to know without reading the numbers again: no `Value` per element is built.
+    Numbers(Numbers<'a>),
     /// Members in document order; keys are unique (duplicates are refused while parsing).
     Object(Vec<(Cow<'a, str>, Value<'a>)>),
+}
+
+/// A run of numbers: the text between an array's brackets, and a summary taken while parsing it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Numbers<'a> {
+    /// The elements and the commas between them (white space included), without the brackets.
+    pub text: &'a str,
+    pub count: usize,
+    /// Some element has a fraction or an exponent.
+    pub any_float: bool,
+    /// Some integer element is negative.
+    pub any_negative: bool,
+    /// Some integer element has more than 18 digits (it may not fit i64).
+    pub any_wide: bool,
+    /// Every element's magnitude is below 10^`below_exp10`.
+    pub below_exp10: i32,
+}
+
+impl<'a> Numbers<'a> {
+    /// The elements, each a `Value::Number` (the text was checked while parsing).
+    pub fn iter(&self) -> impl Iterator<Item = Value<'a>> + '_ {
+        self.text.split(',').map(|piece| {
+            let text = piece.trim_matches(|c| matches!(c, ' ' | '\n' | '\r' | '\t'));
+            let integer = !text.contains(['.', 'e', 'E']);
+            // Only the summary's bound is known for one element; a reader that needs its exact
+            // magnitude converts it (checks look at `below_exp10` of the run, not of its elements).
+            Value::Number { text, integer, below_exp10: i32::MAX }
+        })
+    }
 }
 
 /// What a JSON number is, as Python (and numpy after it) reads it.
@@ -59,6 +91,19 @@ impl<'a> Value<'a> {
             Value::Str(s) => Some(s),
             _ => None,
         }
+    }
+
+    /// The elements of an array (a run of numbers read out of its text), None when not an array.
+    pub fn items(&self) -> Option<Cow<'_, [Value<'a>]>> {
+        match self {
+            Value::Array(items) => Some(Cow::Borrowed(items.as_slice())),
+            Value::Numbers(run) => Some(Cow::Owned(run.iter().collect())),
+            _ => None,
+        }
+    }
+
+    pub fn is_array(&self) -> bool {
+        matches!(self, Value::Array(_) | Value::Numbers(_))
     }
 
     /// The number this value holds, None when it is not one.
@@ -123,7 +168,7 @@ pub type WithSpans<'t> = (Value<'t>, Option<Vec<(usize, usize)>>);
 /// others byte for byte.
 pub fn parse_with_spans<'t>(bytes: &'t [u8], key: &str) -> Result<WithSpans<'t>, ParseError> {
     let doc = parse(bytes)?;
-    let is_array = matches!(doc.get(key), Some(Value::Array(_)));
+    let is_array = doc.get(key).is_some_and(Value::is_array);
     if !is_array {
         return Ok((doc, None));
     }
@@ -252,12 +297,20 @@ impl<'a> Parser<'a> {
         if depth > MAX_DEPTH {
             return Err(self.error("The document is nested too deeply."));
         }
+        let open = self.pos;
         self.pos += 1;
         let mut items = Vec::new();
         self.skip_ws();
         if self.peek() == Some(b']') {
             self.pos += 1;
             return Ok(Value::Array(items));
+        }
+        if self.starts_number() {
+            if let Some(run) = self.numbers(open)? {
+                return Ok(Value::Numbers(run));
+            }
+            self.pos = open + 1; // not numbers all through: read it element by element
+            self.skip_ws();
         }
         loop {
             // Tensor data is long runs of numbers: they skip the general dispatch.
@@ -322,6 +375,55 @@ impl<'a> Parser<'a> {
         }
     }
 
+    fn starts_number(&self) -> bool {
+        match self.peek() {
+            Some(b'0'..=b'9') => true,
+            Some(b'-') => self.text.get(self.pos + 1).is_some_and(u8::is_ascii_digit),
+            _ => false,
+        }
+    }
+
+    /// The array opened at `open` read as a run of numbers, or None (position undefined) when an
+    /// element is not a number; a syntax error inside the run is reported as it would be otherwise.
+    fn numbers(&mut self, open: usize) -> Parsed<Option<Numbers<'a>>> {
+        let mut run = Numbers {
+            text: "",
+            count: 0,
+            any_float: false,
+            any_negative: false,
+            any_wide: false,
+            below_exp10: i32::MIN,
+        };
+        loop {
+            if !self.starts_number() {
+                return Ok(None);
+            }
+            let start = self.pos;
+            let negative = self.peek() == Some(b'-');
+            let (integer, below_exp10) = self.scan_number()?;
+            run.count += 1;
+            run.any_float |= !integer;
+            if integer {
+                run.any_negative |= negative;
+                run.any_wide |= self.pos - start - usize::from(negative) > 18;
+            }
+            run.below_exp10 = run.below_exp10.max(below_exp10);
+            self.skip_ws();
+            match self.peek() {
+                Some(b',') => {
+                    self.pos += 1;
+                    self.skip_ws();
+                }
+                Some(b']') => {
+                    run.text = &self.source[open + 1..self.pos];
+                    self.pos += 1;
+                    return Ok(Some(run));
+                }
+                _ => return Err(self.error("Missing a comma or ']' after an array element.")),
+            }
+        }
+    }
+
     fn digits(&mut self) -> usize {
         let n = self.text[self.pos..].iter().take_while(|b| b.is_ascii_digit()).count();
         self.pos += n;
@@ -330,18 +432,29 @@ impl<'a> Parser<'a> {
 
     fn number(&mut self) -> Parsed<Value<'a>> {
         let start = self.pos;
-        if self.peek() == Some(b'-') {
-            self.pos += 1;
+        let (integer, below_exp10) = self.scan_number()?;
+        Ok(Value::Number { text: &self.source[start..self.pos], integer, below_exp10 })
+    }
+
+    /// Past one number: (no fraction or exponent, its magnitude is below 10^this). Small enough to
+    /// come back in registers: the run of a tensor's data builds no `Value` per element.
+    #[inline]
+    fn scan_number(&mut self) -> Parsed<(bool, i32)> {
+        // Written without branches on the data where it can be: signs and leading digits of tensor
+        // data are random, and a mispredicted branch per number was a third of a 1 MB body's time.
+        self.pos += usize::from(self.peek() == Some(b'-'));
+        let int_start = self.pos;
+        let n = self.digits();
+        if n == 0 {
+            return Err(self.error("Invalid value."));
+        }
+        let leading_zero = self.text[int_start] == b'0';
+        if leading_zero && n > 1 {
+            // "01" is the number 0 followed by a stray digit, which the caller refuses.
+            self.pos = int_start + 1;
         }
         // Digits of the integer part that count for the magnitude (a lone "0" counts none).
-        let whole = match self.peek() {
-            Some(b'0') => {
-                self.pos += 1;
-                0
-            }
-            Some(b'1'..=b'9') => self.digits() as i64,
-            _ => return Err(self.error("Invalid value.")),
-        };
+        let whole = if leading_zero { 0 } else { n as i64 };
         let mut integer = true;
         if self.peek() == Some(b'.') {
             integer = false;
@@ -376,7 +489,7 @@ impl<'a> Parser<'a> {
             }
         }
         let below_exp10 = (whole + exponent).clamp(-2_000_000, 2_000_000) as i32;
-        Ok(Value::Number { text: &self.source[start..self.pos], integer, below_exp10 })
+        Ok((integer, below_exp10))
     }
 
     fn string(&mut self) -> Parsed<Cow<'a, str>> {
@@ -483,7 +596,12 @@ mod tests {
     #[test]
     fn numbers_keep_their_kind() {
         let v = parse(br#"[1, -2, 18446744073709551615, 99999999999999999999999, 1.5, 1e3, -0]"#).unwrap();
-        let Value::Array(items) = v else { panic!("not an array") };
+        let Value::Numbers(run) = &v else { panic!("not a run of numbers: {v:?}") };
+        assert_eq!(
+            (run.count, run.any_float, run.any_negative, run.any_wide, run.below_exp10),
+            (7, true, true, true, 23)
+        );
+        let items = v.items().unwrap();
         let numbers: Vec<Option<Number>> = items.iter().map(Value::number).collect();
         assert_eq!(
             numbers,
@@ -502,6 +620,9 @@ mod tests {
     #[test]
     fn nan_and_infinity_literals_are_read_as_triton_reads_them() {
         let Value::Array(v) = parse(b"[NaN, Infinity, -Infinity]").unwrap() else { panic!("not an array") };
+        let mixed = parse(b"[1, 2, NaN]").unwrap();
+        assert!(matches!(&mixed, Value::Array(items) if items.len() == 3), "{mixed:?}");
+        assert!(parse(b"[1, 2,]").is_err() && parse(b"[1 2]").is_err() && parse(b"[1, -]").is_err());
         assert!(matches!(v[0].number(), Some(Number::Float(f)) if f.is_nan()));
         assert_eq!(v[1].number(), Some(Number::Float(f64::INFINITY)));
         assert_eq!(v[2].number(), Some(Number::Float(f64::NEG_INFINITY)));

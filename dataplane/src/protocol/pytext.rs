@@ -49,6 +49,7 @@ fn dump_into(value: &Value, out: &mut String) {
         },
         Value::NonFinite(f) => out.push_str(&json_float(*f)),
         Value::Str(s) => json_string(s, out),
+        Value::Numbers(_) => dump_into(&Value::Array(value.items().map(|i| i.into_owned()).unwrap_or_default()), out),
         Value::Array(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {

@@ -95,6 +95,15 @@ fn all_finite(data: &Value) -> bool {
     fn walk(v: &Value, bad: &mut bool) -> bool {
         match v {
             Value::Array(items) => items.iter().all(|item| walk(item, bad)),
+            // A run holds no literal NaN or Infinity: only an exponent past a double's range can be one.
+            Value::Numbers(run) => {
+                if run.below_exp10 > 308 {
+                    run.iter().for_each(|item| {
+                        walk(&item, bad);
+                    });
+                }
+                true
+            }
             Value::Null | Value::NonFinite(_) => {
                 *bad = true;
                 true

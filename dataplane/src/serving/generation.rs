@@ -127,17 +127,15 @@ fn first_overflowing_number(value: &Value, body: &[u8]) -> Option<usize> {
             .is_some_and(f64::is_infinite)
             .then(|| (text.as_ptr() as usize).saturating_sub(body.as_ptr() as usize)),
         Value::Array(items) => items.iter().find_map(|v| first_overflowing_number(v, body)),
+        Value::Numbers(run) if run.below_exp10 > 308 => run.iter().find_map(|v| first_overflowing_number(&v, body)),
         Value::Object(members) => members.iter().find_map(|(_, v)| first_overflowing_number(v, body)),
         _ => None,
     }
 }
 
 /// The items of a value that may be a scalar or a flat list.
-fn items_of<'v, 'a>(value: &'v Value<'a>) -> &'v [Value<'a>] {
-    match value {
-        Value::Array(items) => items,
-        scalar => std::slice::from_ref(scalar),
-    }
+fn items_of<'v, 'a>(value: &'v Value<'a>) -> std::borrow::Cow<'v, [Value<'a>]> {
+    value.items().unwrap_or_else(|| std::borrow::Cow::Borrowed(std::slice::from_ref(value)))
 }
 
 /// A JSON number as Python's reader (RapidJSON, native numbers) holds it: an int when written without
@@ -215,8 +213,8 @@ impl Check<'_> {
                 false,
             ));
         }
-        for item in items_of(value) {
-            if matches!(item, Value::Null | Value::Array(_) | Value::Object(_)) {
+        for item in items_of(value).iter() {
+            if matches!(item, Value::Null | Value::Array(_) | Value::Numbers(_) | Value::Object(_)) {
                 return Err(refuse(
                     Reason::Parameter,
                     format!("parameter {} must be a string, number or boolean (or a list of them)", repr_str(place)),
@@ -240,7 +238,7 @@ impl Check<'_> {
     }
 
     fn token_limit(&self, place: &str, value: &Value, is_input: bool) -> Outcome {
-        for item in items_of(value) {
+        for item in items_of(value).iter() {
             let negative = matches!(item.number(), Some(Number::Int(i)) if i < 0);
             if !is_int(item) || negative {
                 return Err(refuse(
@@ -282,8 +280,8 @@ impl Check<'_> {
         let datatype = input.datatype.as_str();
         let items = items_of(value);
         let refused = |reason: Reason, message: String| refuse(reason, message, name, true);
-        for item in items {
-            if matches!(item, Value::Null | Value::Array(_) | Value::Object(_)) {
+        for item in items.iter() {
+            if matches!(item, Value::Null | Value::Array(_) | Value::Numbers(_) | Value::Object(_)) {
                 return Err(refused(
                     Reason::Shape,
                     format!("input {} takes a value or a flat list of values", repr_str(name)),
@@ -443,6 +441,10 @@ fn has_non_finite(value: &Value) -> bool {
     match value {
         Value::NonFinite(_) => true,
         Value::Array(items) => items.iter().any(has_non_finite),
+        // A run holds no NaN or Infinity literal; only an exponent past a double's range reads as one.
+        Value::Numbers(run) => {
+            run.below_exp10 > 308 && run.iter().any(|v| py_float(&v).is_some_and(|f| !f.is_finite()))
+        }
         _ => false,
     }
 }
@@ -451,6 +453,7 @@ fn has_non_finite(value: &Value) -> bool {
 fn py_repr(value: &Value) -> String {
     match value {
         Value::Array(items) => format!("[{}]", items.iter().map(py_repr).collect::<Vec<_>>().join(", ")),
+        Value::Numbers(run) => format!("[{}]", run.iter().map(|v| py_repr(&v)).collect::<Vec<_>>().join(", ")),
         Value::Object(members) => format!(
             "{{{}}}",
             members.iter().map(|(k, v)| format!("{}: {}", repr_str(k), py_repr(v))).collect::<Vec<_>>().join(", ")

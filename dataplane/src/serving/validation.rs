@@ -13,7 +13,7 @@
 use std::collections::HashSet;
 
 use crate::protocol::datatypes::{element_size, float_max, int_range, ALL_SORTED};
-use crate::protocol::json::{self, Number, Value};
+use crate::protocol::json::{self, Number, Numbers, Value};
 use crate::protocol::pytext::{echo, echo_str, format_g, repr_str};
 use crate::serving::refusals::{Reason, Refused};
 
@@ -232,6 +232,14 @@ impl Check<'_> {
         self.parameters(doc.get("parameters"), request_parameter, "request", "")?;
         let inputs = match doc.get("inputs") {
             Some(Value::Array(items)) if !items.is_empty() => items,
+            // A list of numbers: its first element is not a tensor.
+            Some(Value::Numbers(_)) => {
+                return Err(self.refuse(
+                    Reason::Schema,
+                    "inputs[0] must be an object with name, shape, datatype, data".into(),
+                    "",
+                ))
+            }
             _ => return Err(self.refuse(Reason::Schema, "'inputs' must be a non-empty list of tensors".into(), "")),
         };
         let requested = self.requested_outputs(doc.get("outputs"))?;
@@ -434,6 +442,14 @@ impl Check<'_> {
         let items = match outputs {
             None | Some(Value::Null) => return Ok(Vec::new()),
             Some(Value::Array(items)) => items,
+            // A list of numbers: its first element is not an output.
+            Some(Value::Numbers(_)) => {
+                return Err(self.refuse(
+                    Reason::Schema,
+                    "each requested output must be an object with a string 'name'".into(),
+                    "",
+                ))
+            }
             Some(_) => {
                 return Err(self.refuse(
                     Reason::Schema,
@@ -553,10 +569,9 @@ impl Check<'_> {
             ));
         }
         let shape_value = tensor.get("shape");
-        let shape: Option<Vec<u64>> = match shape_value {
-            Some(Value::Array(dims)) => dims.iter().map(|d| int64_of(d).and_then(|v| u64::try_from(v).ok())).collect(),
-            _ => None,
-        };
+        let shape: Option<Vec<u64>> = shape_value
+            .and_then(Value::items)
+            .and_then(|dims| dims.iter().map(|d| int64_of(d).and_then(|v| u64::try_from(v).ok())).collect());
         let shown = || shape_value.map(echo).unwrap_or_else(|| "null".into());
         let Some(shape) = shape else {
             return Err(self.refuse(
@@ -600,10 +615,7 @@ impl Check<'_> {
                 name,
             ));
         };
-        let rank = match tensor.get("shape") {
-            Some(Value::Array(dims)) => dims.len(),
-            _ => 0,
-        };
+        let rank = tensor.get("shape").and_then(Value::items).map_or(0, |dims| dims.len());
         Ok(InputSpec { name: name.to_owned(), datatype: datatype.to_owned(), shape: vec![-1; rank], optional: false })
     }
 
@@ -611,11 +623,11 @@ impl Check<'_> {
     fn json_data(&self, tspec: &InputSpec, shape: &[u64], count: u64, data: &Value) -> Outcome<Option<Refused>> {
         let name = tspec.name.as_str();
         let datatype = tspec.datatype.as_str();
-        let Value::Array(items) = data else {
+        if !data.is_array() {
             return Err(self.refuse(Reason::Schema, format!("input {}: 'data' must be a list", repr_str(name)), name));
-        };
+        }
         if datatype == "BYTES" {
-            self.json_bytes(tspec, count, items)?;
+            self.json_bytes(tspec, count, &data.items().unwrap_or_default())?;
             return Ok(None);
         }
         if datatype == "BF16" {
@@ -625,7 +637,7 @@ impl Check<'_> {
                 name,
             ));
         }
-        let mut leaves: Vec<&Value> = Vec::with_capacity(count.min(1 << 20) as usize);
+        let mut leaves: Vec<Leaf> = Vec::new();
         if let Err(message) = regular_leaves(data, &mut leaves) {
             return Err(self.refuse(
                 Reason::Shape,
@@ -633,7 +645,7 @@ impl Check<'_> {
                 name,
             ));
         }
-        let size = leaves.len() as u64;
+        let size = leaves.iter().map(Leaf::len).sum::<usize>() as u64;
         if size != count {
             return Err(self.refuse(
                 Reason::Shape,
@@ -673,7 +685,7 @@ impl Check<'_> {
                 name,
             )
         });
-        if leaves.is_empty() {
+        if size == 0 {
             return Ok(bool_refusal);
         }
         if let Some((low, high)) = int_range {
@@ -725,6 +737,21 @@ impl Check<'_> {
                         ));
                     }
                     stack.push(inner.iter());
+                }
+                Some(Value::Numbers(run)) => {
+                    if stack.len() >= MAX_BYTES_NESTING {
+                        return Err(self.refuse(
+                            Reason::Shape,
+                            format!("input {}: 'data' is nested too deeply", repr_str(name)),
+                            name,
+                        ));
+                    }
+                    let first = run.iter().next().unwrap_or(Value::Null);
+                    return Err(self.refuse(
+                        Reason::Datatype,
+                        format!("input {}: BYTES data must be strings, got {}", repr_str(name), echo(&first)),
+                        name,
+                    ));
                 }
                 Some(Value::Str(s)) => flat.push(s),
                 Some(other) => {
@@ -839,23 +866,47 @@ impl Check<'_> {
     }
 }
 
-/// The scalar leaves of a nested list in order, or why it is not a regular (rectangular) array.
-fn regular_leaves<'v, 'a>(data: &'v Value<'a>, out: &mut Vec<&'v Value<'a>>) -> Result<(), String> {
+/// A leaf of a nested list: one scalar, or a run of numbers (read only when a check needs values).
+enum Leaf<'v, 'a> {
+    One(&'v Value<'a>),
+    Run(&'v Numbers<'a>),
+}
+
+impl Leaf<'_, '_> {
+    fn len(&self) -> usize {
+        match self {
+            Leaf::One(_) => 1,
+            Leaf::Run(run) => run.count,
+        }
+    }
+}
+
+/// The leaves of a nested list in order, or why it is not a regular (rectangular) array.
+fn regular_leaves<'v, 'a>(data: &'v Value<'a>, out: &mut Vec<Leaf<'v, 'a>>) -> Result<(), String> {
     // The shape is the first path down; every list at a depth must have that depth's length.
     let mut dims: Vec<usize> = Vec::new();
     let mut node = data;
-    while let Value::Array(items) = node {
-        dims.push(items.len());
-        match items.first() {
-            Some(first) => node = first,
-            None => break,
+    loop {
+        match node {
+            Value::Array(items) => {
+                dims.push(items.len());
+                match items.first() {
+                    Some(first) => node = first,
+                    None => break,
+                }
+            }
+            Value::Numbers(run) => {
+                dims.push(run.count);
+                break;
+            }
+            _ => break,
         }
     }
     fn walk<'v, 'a>(
         node: &'v Value<'a>,
         depth: usize,
         dims: &[usize],
-        out: &mut Vec<&'v Value<'a>>,
+        out: &mut Vec<Leaf<'v, 'a>>,
     ) -> Result<(), usize> {
         match node {
             Value::Array(items) => {
@@ -867,11 +918,22 @@ fn regular_leaves<'v, 'a>(data: &'v Value<'a>, out: &mut Vec<&'v Value<'a>>) -> 
                 }
                 Ok(())
             }
+            Value::Numbers(run) => {
+                if depth >= dims.len() || run.count != dims[depth] {
+                    return Err(depth);
+                }
+                // Its elements are scalars, one level down: the shape must end there.
+                if depth + 1 != dims.len() {
+                    return Err(depth + 1);
+                }
+                out.push(Leaf::Run(run));
+                Ok(())
+            }
             leaf => {
                 if depth != dims.len() {
                     return Err(depth);
                 }
-                out.push(leaf);
+                out.push(Leaf::One(leaf));
                 Ok(())
             }
         }
@@ -909,93 +971,145 @@ fn float_exp10_bound(datatype: &str) -> Option<i32> {
     })
 }
 
-impl Stats {
-    fn of(leaves: &[&Value], datatype: &str) -> Stats {
-        let float_bound = float_exp10_bound(datatype);
-        let wants_ints = int_range(datatype).is_some();
-        let (mut bools, mut ints, mut uints, mut floats, mut texts, mut objects, mut negative) =
-            (0usize, 0usize, 0usize, 0usize, 0usize, 0usize, false);
-        let mut stats = Stats {
-            kind: Kind::Float,
-            last_bool: None,
-            int_min: i128::MAX,
-            int_max: i128::MIN,
-            largest: 0.0,
-            first_non_finite: None,
-        };
-        for (i, v) in leaves.iter().enumerate() {
-            match v {
-                Value::Bool(b) => {
-                    bools += 1;
-                    stats.last_bool = Some(*b);
-                    stats.int_min = stats.int_min.min(*b as i128);
-                    stats.int_max = stats.int_max.max(*b as i128);
-                    stats.largest = stats.largest.max(*b as u8 as f64);
-                }
-                Value::Str(_) => texts += 1,
-                Value::Null | Value::Object(_) | Value::Array(_) => objects += 1,
-                Value::NonFinite(_) => {
-                    floats += 1;
-                    stats.first_non_finite.get_or_insert(i);
-                }
-                Value::Number { text, integer, below_exp10 } => {
-                    if *integer {
-                        // Under 10^18 it fits i64: only an integer datatype needs its value.
-                        if *below_exp10 <= 18 && !wants_ints {
-                            ints += 1;
-                            negative |= text.starts_with('-');
-                        } else {
-                            match v.number() {
-                                Some(Number::Int(n)) => {
-                                    ints += 1;
-                                    negative |= n < 0;
-                                    stats.int_min = stats.int_min.min(n as i128);
-                                    stats.int_max = stats.int_max.max(n as i128);
-                                }
-                                Some(Number::UInt(n)) => {
-                                    uints += 1;
-                                    stats.int_min = stats.int_min.min(n as i128);
-                                    stats.int_max = stats.int_max.max(n as i128);
-                                }
-                                // numpy holds a Python int wider than 64 bits as an object.
-                                _ => objects += 1,
-                            }
-                        }
+/// Counts by kind while the leaves are read.
+struct Tally {
+    stats: Stats,
+    float_bound: Option<i32>,
+    wants_ints: bool,
+    bools: usize,
+    ints: usize,
+    uints: usize,
+    floats: usize,
+    texts: usize,
+    objects: usize,
+    negative: bool,
+}
+
+impl Tally {
+    /// One scalar, element `i` of the tensor.
+    fn one(&mut self, i: usize, v: &Value) {
+        let stats = &mut self.stats;
+        match v {
+            Value::Bool(b) => {
+                self.bools += 1;
+                stats.last_bool = Some(*b);
+                stats.int_min = stats.int_min.min(*b as i128);
+                stats.int_max = stats.int_max.max(*b as i128);
+                stats.largest = stats.largest.max(*b as u8 as f64);
+            }
+            Value::Str(_) => self.texts += 1,
+            Value::Null | Value::Object(_) | Value::Array(_) | Value::Numbers(_) => self.objects += 1,
+            Value::NonFinite(_) => {
+                self.floats += 1;
+                stats.first_non_finite.get_or_insert(i);
+            }
+            Value::Number { text, integer, below_exp10 } => {
+                if *integer {
+                    // Under 10^18 it fits i64: only an integer datatype needs its value.
+                    if *below_exp10 <= 18 && !self.wants_ints {
+                        self.ints += 1;
+                        self.negative |= text.starts_with('-');
                     } else {
-                        floats += 1;
-                    }
-                    if float_bound.is_some_and(|bound| *below_exp10 > bound) {
-                        let x = text.parse::<f64>().unwrap_or(f64::NAN);
-                        if !x.is_finite() {
-                            stats.first_non_finite.get_or_insert(i);
+                        match v.number() {
+                            Some(Number::Int(n)) => {
+                                self.ints += 1;
+                                self.negative |= n < 0;
+                                stats.int_min = stats.int_min.min(n as i128);
+                                stats.int_max = stats.int_max.max(n as i128);
+                            }
+                            Some(Number::UInt(n)) => {
+                                self.uints += 1;
+                                stats.int_min = stats.int_min.min(n as i128);
+                                stats.int_max = stats.int_max.max(n as i128);
+                            }
+                            // numpy holds a Python int wider than 64 bits as an object.
+                            _ => self.objects += 1,
                         }
-                        stats.largest = stats.largest.max(x.abs());
                     }
+                } else {
+                    self.floats += 1;
+                }
+                if self.float_bound.is_some_and(|bound| *below_exp10 > bound) {
+                    let x = text.parse::<f64>().unwrap_or(f64::NAN);
+                    if !x.is_finite() {
+                        stats.first_non_finite.get_or_insert(i);
+                    }
+                    stats.largest = stats.largest.max(x.abs());
                 }
             }
         }
-        stats.kind = if leaves.is_empty() {
+    }
+
+    /// A run of numbers starting at element `i`: judged from its summary unless a check needs its
+    /// values (an integer datatype's range, a magnitude near the datatype's limit, a wide integer).
+    fn run(&mut self, i: usize, run: &Numbers) {
+        let needs_values = (!run.any_float && (run.any_wide || self.wants_ints))
+            || self.float_bound.is_some_and(|bound| run.below_exp10 > bound);
+        if needs_values {
+            for (k, v) in run.iter().enumerate() {
+                self.one(i + k, &v);
+            }
+        } else if run.any_float {
+            self.floats += run.count;
+        } else {
+            self.ints += run.count;
+            self.negative |= run.any_negative;
+        }
+    }
+}
+
+impl Stats {
+    fn of(leaves: &[Leaf], datatype: &str) -> Stats {
+        let mut tally = Tally {
+            stats: Stats {
+                kind: Kind::Float,
+                last_bool: None,
+                int_min: i128::MAX,
+                int_max: i128::MIN,
+                largest: 0.0,
+                first_non_finite: None,
+            },
+            float_bound: float_exp10_bound(datatype),
+            wants_ints: int_range(datatype).is_some(),
+            bools: 0,
+            ints: 0,
+            uints: 0,
+            floats: 0,
+            texts: 0,
+            objects: 0,
+            negative: false,
+        };
+        let mut i = 0;
+        for leaf in leaves {
+            match leaf {
+                Leaf::One(v) => tally.one(i, v),
+                Leaf::Run(run) => tally.run(i, run),
+            }
+            i += leaf.len();
+        }
+        let t = &tally;
+        let kind = if i == 0 {
             Kind::Float // numpy's empty array
-        } else if objects > 0 {
+        } else if t.objects > 0 {
             Kind::Object
-        } else if texts > 0 {
+        } else if t.texts > 0 {
             Kind::Text
-        } else if floats > 0 {
+        } else if t.floats > 0 {
             Kind::Float
-        } else if uints > 0 {
-            if negative {
+        } else if t.uints > 0 {
+            if t.negative {
                 Kind::Object
             } else {
                 Kind::UInt
             }
-        } else if ints > 0 {
+        } else if t.ints > 0 {
             Kind::Int
-        } else if bools > 0 {
+        } else if t.bools > 0 {
             Kind::Bool
         } else {
             Kind::Float
         };
-        stats
+        Stats { kind, ..tally.stats }
     }
 }
 
@@ -1005,13 +1119,20 @@ pub fn json_numbers(data: &Value) -> Option<(&'static str, Vec<u8>)> {
     let mut leaves = Vec::new();
     regular_leaves(data, &mut leaves).ok()?;
     let kind = Stats::of(&leaves, "").kind;
-    let mut out = Vec::with_capacity(leaves.len() * 8);
+    let mut out = Vec::with_capacity(leaves.iter().map(Leaf::len).sum::<usize>() * 8);
     let number = |v: &Value| match v {
         Value::Bool(b) => Some(Number::Int(*b as i64)),
         other => other.number(),
     };
-    for v in &leaves {
-        match (kind, number(v)) {
+    let mut values: Vec<Option<Number>> = Vec::new();
+    for leaf in &leaves {
+        match leaf {
+            Leaf::One(v) => values.push(number(v)),
+            Leaf::Run(run) => values.extend(run.iter().map(|v| number(&v))),
+        }
+    }
+    for value in values {
+        match (kind, value) {
             (Kind::Int, Some(Number::Int(n))) => out.extend_from_slice(&n.to_le_bytes()),
             (Kind::UInt, Some(Number::Int(n))) => out.extend_from_slice(&(n as u64).to_le_bytes()),
             (Kind::UInt, Some(Number::UInt(n))) => out.extend_from_slice(&n.to_le_bytes()),
@@ -1149,6 +1270,64 @@ mod tests {
             let e = refused(&spec, body);
             assert_eq!(e.reason, reason, "{body}: {}", e.message);
             assert!(e.message.contains(words), "{body}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn runs_of_numbers_are_judged_as_element_by_element() {
+        let spec = |datatype: &str| RequestSpec {
+            model: "m".into(),
+            inputs: vec![InputSpec {
+                name: "x".into(),
+                datatype: datatype.into(),
+                shape: vec![-1, 4],
+                optional: false,
+            }],
+            outputs: vec![],
+            hidden_outputs: Default::default(),
+            max_batch_size: 8,
+            limits: Limits { max_elements: 1000, max_bytes_element: 16, reject_non_finite: true },
+        };
+        let body = |datatype: &str, data: &str| {
+            format!(r#"{{"inputs": [{{"name": "x", "shape": [2, 4], "datatype": "{datatype}", "data": {data}}}]}}"#)
+        };
+        let cases = [
+            (
+                "INT8",
+                "[[1, 2, 3, 4], [5, 6, 7, 200]]",
+                Some((Reason::OutOfRange, "value 200 does not fit INT8 (-128..127)")),
+            ),
+            ("INT8", "[[1, 2, 3, 4], [5, 6, 7, -8]]", None),
+            ("INT8", "[[1, 2, 3, 4], [5, 6, 7, 8.5]]", Some((Reason::Datatype, "INT8 data must be integers"))),
+            ("FP16", "[[1, 2, 3, 4], [5, 6, 7, 70000]]", Some((Reason::NonFinite, "value 70000 overflows FP16"))),
+            ("FP32", "[[1, 2, 3, 4], [5, 6, 7, 1e400]]", Some((Reason::NonFinite, "NaN/Infinity at element 7"))),
+            (
+                "FP32",
+                "[[1, 2, 3, 4], [5, 6, 7, 99999999999999999999999]]",
+                Some((Reason::Datatype, "FP32 data must be numbers")),
+            ),
+            ("UINT64", "[[1, 2, 3, 4], [5, 6, 7, 18446744073709551615]]", None),
+            (
+                "UINT64",
+                "[[-1, 2, 3, 4], [5, 6, 7, 18446744073709551615]]",
+                Some((Reason::Datatype, "UINT64 data must be integers")),
+            ),
+            ("FP32", "[[1, 2, 3, 4], [5, 6, 7]]", Some((Reason::Shape, "not a regular array"))),
+            ("FP32", "[[1, 2, 3, 4], 5, 6, 7, 8]", Some((Reason::Shape, "not a regular array"))),
+            ("FP32", "[[[1, 2], [3, 4]], [[5, 6], [7, 8]]]", None),
+            ("BOOL", "[[1, 2, 3, 4], [5, 6, 7, 8]]", Some((Reason::Datatype, "BOOL data must be true/false"))),
+            ("BYTES", "[[1, 2, 3, 4], [5, 6, 7, 8]]", Some((Reason::Datatype, "BYTES data must be strings, got 1"))),
+        ];
+        for (datatype, data, expected) in cases {
+            let outcome = validate_infer_request(&spec(datatype), body(datatype, data).as_bytes(), None, &|_| false);
+            match (outcome, expected) {
+                (Ok(_), None) => {}
+                (Err(e), Some((reason, words))) => {
+                    assert_eq!(e.reason, reason, "{datatype} {data}: {}", e.message);
+                    assert!(e.message.contains(words), "{datatype} {data}: {}", e.message);
+                }
+                (outcome, expected) => panic!("{datatype} {data}: {outcome:?}, expected {expected:?}"),
+            }
         }
     }
 
