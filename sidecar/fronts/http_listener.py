@@ -740,7 +740,11 @@ class SidecarListener:
         tls = self.app.get(TLS)
         if tls is not None:  # every connection completes a TLS handshake first (sidecar/fronts/tls.py)
             factory = tls.protocol_factory(factory)
-        self._server = await loop.create_server(factory, host, port, reuse_address=True)
+        # The accept queue holds a burst as large as listen.max_connections (the kernel caps it at
+        # net.core.somaxconn): asyncio's default of 100 dropped the SYNs of a larger burst, whose
+        # clients then waited out TCP's 1-3-7 s retransmissions before they were even accepted.
+        self._server = await loop.create_server(factory, host, port, reuse_address=True,
+                                                backlog=self.limits.max_connections)
 
     @property
     def port(self) -> int:
