@@ -32,6 +32,20 @@ pub fn int_range(datatype: &str) -> Option<(i128, i128)> {
     })
 }
 
+/// The index of the first NaN or ±Inf in a little-endian binary tensor of a float datatype (an
+/// exponent of all ones for FP16 and BF16); None when all are finite or the datatype is not a float.
+pub fn first_non_finite(datatype: &str, chunk: &[u8]) -> Option<usize> {
+    match datatype {
+        "FP16" => chunk.chunks_exact(2).position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7C00 == 0x7C00),
+        "BF16" => chunk.chunks_exact(2).position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7F80 == 0x7F80),
+        "FP32" => chunk.chunks_exact(4).position(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
+        "FP64" => chunk
+            .chunks_exact(8)
+            .position(|b| !f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]).is_finite()),
+        _ => None,
+    }
+}
+
 /// The largest finite value of a float datatype.
 pub fn float_max(datatype: &str) -> Option<f64> {
     Some(match datatype {

@@ -3,7 +3,7 @@
 //! byte for byte: a hidden output's object is cut out of Triton's JSON text and its binary section
 //! out of the binary body; nothing is re-encoded.
 
-use crate::protocol::datatypes::float_max;
+use crate::protocol::datatypes::{first_non_finite, float_max};
 use crate::protocol::json::{self, Number, Value};
 use crate::protocol::pytext::repr_str;
 
@@ -32,7 +32,8 @@ impl Screened {
 #[derive(Debug, PartialEq, Eq)]
 pub struct AnswerFormatError(pub String);
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+/// `needle` somewhere in `haystack` (a word looked for before any parsing).
+pub(crate) fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
@@ -158,17 +159,6 @@ fn screen_json(
     Ok(Screened { body: Some(drop_from_json(body, &spans, &drop)), header_length: None, dropped, non_finite })
 }
 
-fn binary_non_finite(datatype: &str, chunk: &[u8]) -> bool {
-    match datatype {
-        "FP16" => chunk.chunks_exact(2).any(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7C00 == 0x7C00),
-        "FP32" => chunk.chunks_exact(4).any(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
-        "FP64" => chunk
-            .chunks_exact(8)
-            .any(|b| !f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]).is_finite()),
-        _ => false,
-    }
-}
-
 fn screen_binary(
     body: &[u8],
     header_length: i64,
@@ -220,7 +210,7 @@ fn screen_binary(
             }
             let datatype = o.get("datatype").and_then(Value::as_str).unwrap_or("");
             let bad = if end > start {
-                binary_non_finite(datatype, &body[*start..*end])
+                first_non_finite(datatype, &body[*start..*end]).is_some()
             } else {
                 words && !o.get("data").is_none_or(all_finite)
             };

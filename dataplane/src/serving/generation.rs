@@ -12,9 +12,10 @@ use std::collections::HashSet;
 
 use crate::protocol::datatypes::int_range;
 use crate::protocol::json::{self, Number, Value};
-use crate::protocol::pytext::{cut, echo_str, float_repr, repr_str};
+use crate::protocol::pytext::{cut, float_repr, repr_str};
+use crate::serving::filtering::contains;
 use crate::serving::refusals::Reason;
-use crate::serving::validation::{InputSpec, RequestSpec};
+use crate::serving::validation::{malformed_message, InputSpec, RequestSpec};
 
 /// Characters of a value quoted in a token-limit message (messages.cut's default).
 const QUOTED_CHARS: usize = 120;
@@ -52,11 +53,12 @@ fn refuse(reason: Reason, message: String, field: &str, is_input: bool) -> Gener
 
 /// Check one generate body against the model's inputs and the generation limits.
 pub fn check_generate_request(spec: &RequestSpec, limits: &GenerateLimits, body: &[u8]) -> Outcome {
-    let doc = json::parse(body).map_err(|e| refuse(Reason::Malformed, malformed_message(&e), "", false))?;
+    let doc =
+        json::parse(body).map_err(|e| refuse(Reason::Malformed, malformed_message("request body", &e), "", false))?;
     // Python's reader (RapidJSON) refuses a number too large for a double; ours reads it as infinity.
     if let Some(offset) = first_overflowing_number(&doc, body) {
         let e = json::ParseError { offset, what: "Number too big to be stored in double.".into() };
-        return Err(refuse(Reason::Malformed, malformed_message(&e), "", false));
+        return Err(refuse(Reason::Malformed, malformed_message("request body", &e), "", false));
     }
     let Value::Object(members) = &doc else {
         return Err(refuse(
@@ -106,17 +108,6 @@ pub fn check_generate_request(spec: &RequestSpec, limits: &GenerateLimits, body:
         ));
     }
     Ok(())
-}
-
-/// The words of `sidecar.serving.validation.parse_json` for a body that is not JSON.
-fn malformed_message(e: &json::ParseError) -> String {
-    if e.what.contains("nested too deeply") {
-        "request body is nested too deeply".into()
-    } else if e.what.starts_with("duplicate key") {
-        format!("request body is not valid JSON: {}", echo_str(&e.what))
-    } else {
-        format!("request body is not valid JSON: {}", echo_str(&e.to_string()))
-    }
 }
 
 /// The byte offset of the first number (in document order) too large for a double. Values borrow
@@ -368,10 +359,6 @@ const ENVELOPE_KEYS: [&str; 3] = ["model_name", "model_version", "id"];
 
 /// Words Triton writes for non-finite floats in JSON; absent from an event = nothing to look for.
 const NON_FINITE_WORDS: [&[u8]; 2] = [b"NaN", b"Infinity"];
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
 
 /// False when an event can be passed on unparsed: no filtering rule for the model, no error key, and
 /// no NaN/Infinity word anywhere in its text (the common case: most events are one token).

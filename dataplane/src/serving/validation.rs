@@ -12,7 +12,7 @@
 
 use std::collections::HashSet;
 
-use crate::protocol::datatypes::{element_size, float_max, int_range, ALL_SORTED};
+use crate::protocol::datatypes::{element_size, first_non_finite, float_max, int_range, ALL_SORTED};
 use crate::protocol::json::{self, Number, Numbers, Value};
 use crate::protocol::pytext::{echo, echo_str, format_g, repr_str};
 use crate::serving::refusals::{Reason, Refused};
@@ -142,18 +142,22 @@ pub fn validate_infer_request(
         None => body.len(),
     };
     let what = if header_length.is_some() { "inference header" } else { "request body" };
-    let doc = json::parse(&body[..split]).map_err(|e| {
-        let message = if e.what.contains("nested too deeply") {
-            format!("{what} is nested too deeply")
-        } else if e.what.starts_with("duplicate key") {
-            format!("{what} is not valid JSON: {}", echo_str(&e.what))
-        } else {
-            format!("{what} is not valid JSON: {}", echo_str(&e.to_string()))
-        };
-        check.refuse(Reason::Malformed, message, "")
-    })?;
+    let doc =
+        json::parse(&body[..split]).map_err(|e| check.refuse(Reason::Malformed, malformed_message(what, &e), ""))?;
     let (elements, requested_outputs, inputs) = check.document(&doc, &body[split..])?;
     Ok(Checked { elements, requested_outputs, binary: split < body.len(), header_length: split, inputs })
+}
+
+/// Why a client's JSON could not be read, in the words every request check uses (`what`: "request
+/// body", "inference header").
+pub(crate) fn malformed_message(what: &str, e: &json::ParseError) -> String {
+    if e.what.contains("nested too deeply") {
+        format!("{what} is nested too deeply")
+    } else if e.what.starts_with("duplicate key") {
+        format!("{what} is not valid JSON: {}", echo_str(&e.what))
+    } else {
+        format!("{what} is not valid JSON: {}", echo_str(&e.to_string()))
+    }
 }
 
 struct Check<'a> {
@@ -846,16 +850,7 @@ impl Check<'_> {
     }
 
     fn binary_values(&self, name: &str, datatype: &str, chunk: &[u8]) -> Outcome<()> {
-        let first_bad = match datatype {
-            "FP16" => chunk.chunks_exact(2).position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7C00 == 0x7C00),
-            "BF16" => chunk.chunks_exact(2).position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7F80 == 0x7F80),
-            "FP32" => chunk.chunks_exact(4).position(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
-            "FP64" => chunk
-                .chunks_exact(8)
-                .position(|b| !f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]).is_finite()),
-            _ => None,
-        };
-        match first_bad {
+        match first_non_finite(datatype, chunk) {
             Some(i) => Err(self.refuse(
                 Reason::NonFinite,
                 format!("input {}: NaN or ±Inf at element {i} (validation.reject_non_finite)", repr_str(name)),
