@@ -1,7 +1,7 @@
 """The data plane at Envoy's cost (issue 18): direct Triton, the sidecar, a plain Envoy and nginx, side
 by side in one run against one Triton, for HTTP, gRPC and streams.
 
-    .venv/bin/python -m bench.dataplane [--rounds 1] [--duration 2] [--streams 10] [--profile 0]
+    .venv/bin/python -m bench.dataplane [--rounds 1] [--duration 2] [--streams 10] [--profile 0] [--front rust]
 
 Legs (every request correct first: scores right, income_prob dropped by the sidecar only):
 - `direct`: Triton's own HTTP and gRPC ports;
@@ -121,7 +121,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         grpc_port = free_port()
         sidecar = SidecarProcess(sidecar_settings(
             triton, models=models, golden_dir=built.golden_dir, filtering={"rules": [CREDIT_FILTER_RULE]},
-            validation={"reject_non_finite": True}, listen={"grpc_port": grpc_port},
+            validation={"reject_non_finite": True}, listen={"grpc_port": grpc_port, "front": args.front},
             logging={"format": "json", "level": "info"}), workdir / "sidecar")
         stack.callback(sidecar.stop)
         sidecar.start()
@@ -388,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=10, help="streams per leg, wire and round (default 10)")
     parser.add_argument("--words", type=int, default=50, help="events per stream (default 50)")
     parser.add_argument("--delay-ms", type=float, default=2, help="text_echo's time per event (default 2 ms)")
+    parser.add_argument("--front", choices=["python", "rust"], default="python",
+                        help="what serves the sidecar's listen.port (listen.front; default python)")
     return run_overhead_benchmark("dataplane", parser.parse_args(argv), measure, verdicts, markdown)
 
 

@@ -46,6 +46,9 @@ class TritonSection:
 #: The event loops `listen.event_loop` may name.
 EVENT_LOOPS = ("uvloop", "asyncio")
 
+#: What may serve listen.port (`listen.front`): the Python listener, or the data plane's Rust front.
+FRONTS = ("python", "rust")
+
 
 @dataclass(frozen=True)
 class ListenSection:
@@ -61,6 +64,16 @@ class ListenSection:
     #: §1f) or "asyncio" (the standard library's; an escape hatch, same answers). With TLS on the
     #: sidecar serves on asyncio's loop whatever this says (sidecar/cli/run.py: event_loop_of).
     event_loop: str = "uvloop"
+    #: What serves listen.port: "python" (the httptools listener and aiohttp, sidecar/fronts/
+    #: http_listener.py) or "rust" (the data plane's front, sidecar/fronts/http_front.py: infer to a
+    #: trusted model served without Python, everything else handed to the Python listener behind it
+    #: on loopback). The Rust front does not terminate TLS yet (issue 30): with tls.cert_file set,
+    #: keep "python".
+    front: str = "python"
+    #: Threads of the Rust front's runtime (listen.front: rust). 1 serves a few thousand requests a
+    #: second on one core (Envoy's --concurrency 1); raise it only with the pod's CPU limit above
+    #: 2 cores, since Triton shares them.
+    workers: int = 1
     #: > 0: a plaintext port serving only /healthz, /readyz and /metrics. With TLS (and above all
     #: mutual TLS) on, the kubelet and Prometheus cannot present a client certificate; 0 = none.
     probe_port: int = 0
@@ -506,7 +519,8 @@ CONFIG_SCHEMA: dict[str, Any] = {
         ),
         "listen": _section(host={"type": "string", "minLength": 1}, port=_int(1, 65535),
                            grpc_port=_int(0, 65535), fast_infer={"type": "boolean"},
-                           event_loop={"enum": list(EVENT_LOOPS)}, probe_port=_int(0, 65535),
+                           event_loop={"enum": list(EVENT_LOOPS)}, front={"enum": list(FRONTS)},
+                           workers=_int(1, 64), probe_port=_int(0, 65535),
                            header_timeout_s=_POSITIVE, keepalive_timeout_s=_POSITIVE, max_url_bytes=_int(16),
                            max_header_bytes=_int(64), max_headers=_int(1), max_connections=_int(1),
                            lingering_time_s=_num(minimum=0), lingering_timeout_s=_num(minimum=0),
@@ -749,6 +763,9 @@ def _check_tls_keys(tls: Mapping[str, Any], listen: Mapping[str, Any], source: s
         raise ConfigError(f"{source}: key 'tls.client_ca_file' (mutual TLS) needs tls.cert_file and tls.key_file")
     if tls.get("client_allowed_sans") and not tls.get("client_ca_file"):
         raise ConfigError(f"{source}: key 'tls.client_allowed_sans' needs tls.client_ca_file (mutual TLS)")
+    if listen.get("front") == "rust" and tls.get("cert_file"):
+        raise ConfigError(f"{source}: key 'listen.front' is rust, which does not terminate TLS yet; "
+                          "set listen.front: python with tls.cert_file")
     probe_port = listen.get("probe_port", 0)
     if probe_port and probe_port in (listen.get("port", 8080), listen.get("grpc_port", 8081)):
         raise ConfigError(f"{source}: key 'listen.probe_port' must differ from listen.port and listen.grpc_port")

@@ -16,7 +16,7 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from sidecar import __version__
@@ -145,21 +145,8 @@ class SidecarMetrics:
                                       "(complete, or the reason of their error event).", ["model", "outcome"],
                                       registry=registry)
 
-        # Client connections on listen.port (sidecar/fronts/http_listener.py)
-        self.http_connections = Gauge(f"{PREFIX}_http_connections", "Client connections open on listen.port "
-                                      "(fast path and handed to aiohttp).", registry=registry)
-        self.http_connections_refused = Counter(f"{PREFIX}_http_connections_refused", "Client connections "
-                                                "accepted and closed at once: listen.max_connections were open.",
-                                                registry=registry)
-        self.http_connection_timeouts = Counter(f"{PREFIX}_http_connection_timeouts", "Client connections "
-                                                "closed by a timeout, by phase (header: listen.header_timeout_s, "
-                                                "keepalive: listen.keepalive_timeout_s).", ["phase"],
-                                                registry=registry)
-        self.http_lingering_ends = Counter(f"{PREFIX}_http_lingering_ends", "Connections closed after an early "
-                                           "refusal, by what ended the lingering (client_closed, drained, time, "
-                                           "idle, bytes).", ["how"], registry=registry)
-        for phase in ("header", "keepalive"):
-            self.http_connection_timeouts.labels(phase=phase)
+        # Client connections on listen.port: counted by the data plane (whichever front holds them) and
+        # exported by DataPlaneCollector (_CONNECTION_COUNTERS, _CONNECTIONS_OPEN).
 
         # TLS (sidecar/fronts/tls.py): series exist only when tls.cert_file is set
         self.tls_cert_expiry = Gauge(f"{PREFIX}_tls_cert_expiry_timestamp_seconds", "notAfter of the certificate "
@@ -249,6 +236,20 @@ _DATA_PLANE_COUNTERS = (
      ("model", "version", "reason")),
 )
 
+#: Connection families: (key, name, help, labels, label values always shown with 0 until counted).
+_CONNECTION_COUNTERS = (
+    ("connections_refused", f"{PREFIX}_http_connections_refused", "Client connections accepted and closed at "
+     "once: listen.max_connections were open.", (), [()]),
+    ("connection_timeouts", f"{PREFIX}_http_connection_timeouts", "Client connections closed by a timeout, by "
+     "phase (header: listen.header_timeout_s, keepalive: listen.keepalive_timeout_s).", ("phase",),
+     [("header",), ("keepalive",)]),
+    ("lingering_ends", f"{PREFIX}_http_lingering_ends", "Connections closed after an early refusal, by what "
+     "ended the lingering (client_closed, drained, time, idle, bytes).", ("how",), []),
+)
+
+_CONNECTIONS_OPEN = (f"{PREFIX}_http_connections", "Client connections open on listen.port (served by the front "
+                     "or handed to the Python app).")
+
 _DURATION = (f"{PREFIX}_proxy_request_duration_seconds", "Proxied request duration, as the client saw it.",
              ("protocol", "model"))
 
@@ -266,6 +267,9 @@ class DataPlaneCollector:
         for _, name, help_text, labels in _DATA_PLANE_COUNTERS:
             yield CounterMetricFamily(name, help_text, labels=labels)
         yield HistogramMetricFamily(_DURATION[0], _DURATION[1], labels=_DURATION[2])
+        for _, name, help_text, labels, _ in _CONNECTION_COUNTERS:
+            yield CounterMetricFamily(name, help_text, labels=labels)
+        yield GaugeMetricFamily(*_CONNECTIONS_OPEN)
 
     def collect(self) -> Iterator[Metric]:
         now = self._native.collect()
@@ -279,6 +283,15 @@ class DataPlaneCollector:
         for values, cumulative, total in now["duration"]:
             histogram.add_metric(values, list(zip(self._bounds, cumulative, strict=True)), total)
         yield histogram
+        for key, name, help_text, labels, always in _CONNECTION_COUNTERS:
+            family = CounterMetricFamily(name, help_text, labels=labels)
+            counted = {tuple(values)[:len(labels)]: count for values, count in now[key]}  # "" for no labels
+            for values in always:
+                counted.setdefault(values, 0)
+            for values, count in sorted(counted.items()):
+                family.add_metric(list(values), count)
+            yield family
+        yield GaugeMetricFamily(*_CONNECTIONS_OPEN, value=now["connections_open"])
 
 
 def _le(bound: float) -> str:

@@ -24,6 +24,7 @@ from sidecar.app.factory import create_app
 from sidecar.config import SidecarConfig, load_config
 from sidecar.devtools.tritonserver import LocalTriton, stub_pids
 from sidecar.fronts.appkeys import ROSTER, STATES
+from sidecar.fronts.http_front import HttpFront, http_server
 from sidecar.fronts.http_listener import SidecarListener
 from sidecar.golden.cases import load_golden_dir
 from sidecar.health.triton_client import TritonClient
@@ -157,7 +158,10 @@ def sidecar_config(server: LocalTriton, /, *, models: list[str], golden_dir: Pat
         triton=replace(base.triton, url=server.url, metrics_url=server.metrics_url,
                        grpc_url=f"127.0.0.1:{server.ports.grpc}"),
         # No gRPC front unless a test asks for one (with a free port): tests run many sidecars.
-        listen=replace(base.listen, host="127.0.0.1", port=0, grpc_port=0),
+        # SIDECAR_TEST_FRONT=rust runs a suite against the data plane's front (.ci/run does, for the
+        # listener's modules); python by default.
+        listen=replace(base.listen, host="127.0.0.1", port=0, grpc_port=0,
+                       front=os.environ.get("SIDECAR_TEST_FRONT", base.listen.front)),
         models=tuple(models),
         golden_dir=golden_dir,
         probes=probes,
@@ -172,7 +176,7 @@ def sidecar_config(server: LocalTriton, /, *, models: list[str], golden_dir: Pat
 class RunningSidecar:
     """The production app (create_app) on a real loopback socket, plus what the test observes."""
 
-    server: SidecarListener
+    server: SidecarListener | HttpFront
     session: aiohttp.ClientSession
     registry: CollectorRegistry
     transitions: list[Transition] = field(default_factory=list)
@@ -208,7 +212,7 @@ async def start_sidecar(config: SidecarConfig, *, config_path: Path | None = Non
     registry = CollectorRegistry()
     app = create_app(config, registry=registry, golden=load_golden_dir(config.golden_dir), triton=triton,
                      config_path=config_path)
-    running = RunningSidecar(SidecarListener(app), aiohttp.ClientSession(), registry)
+    running = RunningSidecar(http_server(app), aiohttp.ClientSession(), registry)
     app[STATES].add_listener(running.transitions.append)
     await running.server.start("127.0.0.1", 0)
     return running

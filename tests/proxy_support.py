@@ -23,7 +23,7 @@ from sidecar.app.factory import create_app
 from sidecar.cli.run import loop_factory
 from sidecar.config import FilterRule, SidecarConfig
 from sidecar.devtools.tritonserver import LocalTriton
-from sidecar.fronts.http_listener import SidecarListener
+from sidecar.fronts.http_front import http_server
 from sidecar.golden.cases import load_golden_dir
 from sidecar.states import ModelState
 from tests.harness import GOLDEN, RunningSidecar, sidecar_config, start_sidecar, stop_sidecar, wait_for
@@ -166,7 +166,7 @@ async def served_like_production(
     """The app behind the very listener `triton-sidecar run` uses (sidecar.http_listener)."""
     registry = CollectorRegistry()
     app = create_app(config, registry=registry, golden=load_golden_dir(config.golden_dir))
-    listener = SidecarListener(app)
+    listener = http_server(app)
     await listener.start("127.0.0.1", 0)
     try:
         yield app, registry, f"http://127.0.0.1:{listener.port}"

@@ -9,6 +9,7 @@
 //!
 //! Nothing here reads a file or an environment variable: everything comes from Python.
 
+pub mod front;
 pub mod golden;
 pub mod metrics;
 pub mod protocol;

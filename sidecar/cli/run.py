@@ -17,7 +17,7 @@ from sidecar.app.probe_port import ProbeListener
 from sidecar.cli.arguments import EXIT_OK
 from sidecar.config import SidecarConfig, load_config
 from sidecar.fronts.appkeys import HEALER, LIFECYCLE, LIVE
-from sidecar.fronts.http_listener import SidecarListener
+from sidecar.fronts.http_front import http_server
 from sidecar.golden.cases import load_golden_dir
 from sidecar.logs import configure_logging
 
@@ -66,7 +66,7 @@ async def serve(config: SidecarConfig, golden: dict, *, stop: asyncio.Event | No
     requests and heals get up to lifecycle.drain_s, then everything is closed. SIGHUP re-reads
     the config file and the golden files (they are also watched)."""
     app = create_app(config, golden=golden, config_path=config_path)
-    listener = SidecarListener(app)
+    listener = http_server(app)
     await listener.start(config.listen.host, config.listen.port)
     probes = ProbeListener(app)
     if config.listen.probe_port:

@@ -517,7 +517,7 @@ class _Connection(asyncio.Protocol):
         self._rearm(self._linger_last)
 
     def _end_lingering(self, how: str) -> None:
-        self._listener.metrics.http_lingering_ends.labels(how=how).inc()
+        self._listener.metrics.requests.lingering_end(how)
         self._close()
 
     def _body_timed_out(self, timeout_s: float) -> None:
@@ -556,14 +556,14 @@ class _Connection(asyncio.Protocol):
         elif current is not None and not current.headers_done and self._active is None and not self._queue:
             ends = current.begun_at + limits.header_timeout_s
             if now >= ends:
-                self._listener.metrics.http_connection_timeouts.labels(phase="header").inc()
+                self._listener.metrics.requests.connection_timeout("header")
                 self._header_timed_out(current)
                 return
         elif current is None and self._idle_since is not None and self._active is None and not self._queue:
             phase = "keepalive" if self._answered_any else "header"
             ends = self._idle_since + (limits.keepalive_timeout_s if self._answered_any else limits.header_timeout_s)
             if now >= ends:
-                self._listener.metrics.http_connection_timeouts.labels(phase=phase).inc()
+                self._listener.metrics.requests.connection_timeout(phase)
                 self._close()
                 return
         else:
@@ -696,8 +696,11 @@ _REQUEST_LINE_SLACK = 32
 class SidecarListener:
     """One listening socket for the whole sidecar: the fast inference path and the aiohttp app."""
 
-    def __init__(self, app: web.Application) -> None:
+    def __init__(self, app: web.Application, *, behind_front: bool = False) -> None:
         self.app = app
+        #: Behind the Rust front (sidecar/fronts/http_front.py) on loopback: the front counts and
+        #: bounds the client connections, so this listener does neither.
+        self.behind_front = behind_front
         self.runner = app_runner(app)
         self.limits: ListenSection = app[CONFIG].listen
         self.metrics: SidecarMetrics = app[SERVING].metrics
@@ -718,16 +721,20 @@ class SidecarListener:
 
     def admit(self) -> bool:
         """A new client connection: counted, or refused when listen.max_connections are open."""
+        if self.behind_front:
+            self.open_connections += 1
+            return True
         if self.open_connections >= self.limits.max_connections:
-            self.metrics.http_connections_refused.inc()
+            self.metrics.requests.connection_refused()
             return False
         self.open_connections += 1
-        self.metrics.http_connections.set(self.open_connections)
+        self.metrics.requests.connection_opened(1)
         return True
 
     def released(self) -> None:
         self.open_connections -= 1
-        self.metrics.http_connections.set(self.open_connections)
+        if not self.behind_front:
+            self.metrics.requests.connection_opened(-1)
 
     def aiohttp_protocol(self) -> asyncio.Protocol:
         return self._aiohttp_server()  # type: ignore[no-any-return]

@@ -52,6 +52,10 @@ class SpecCache:
         for key in [k for k in self._specs if k[0] == model]:
             del self._specs[key]
 
+    def cached(self, model: str, version: str) -> ModelSpec | None:
+        """The spec if it was fetched already (the Rust front's lanes need one; they never fetch)."""
+        return self._specs.get((model, version))
+
     async def get(self, model: str, version: str) -> ModelSpec:
         """The spec, fetched once; concurrent requests share one fetch."""
         key = (model, version)

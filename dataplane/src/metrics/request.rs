@@ -1,6 +1,8 @@
 //! The per-request families: what every proxied request adds to /metrics, whichever front served it.
 //! Names and help texts are sidecar/metrics.py's; label orders are the ones listed here.
 
+use std::sync::atomic::AtomicI64;
+
 use super::family::{CounterFamily, HistogramFamily};
 
 pub struct RequestMetrics {
@@ -16,6 +18,15 @@ pub struct RequestMetrics {
     pub outputs_filtered: CounterFamily,
     /// triton_sidecar_routed_total{model, version, reason}
     pub routed: CounterFamily,
+    /// The connections of listen.port, whichever front holds them (sidecar/fronts/http_front.py's Rust
+    /// one, or the Python listener): triton_sidecar_http_connections (a gauge)...
+    pub connections_open: AtomicI64,
+    /// ...triton_sidecar_http_connections_refused_total{}
+    pub connections_refused: CounterFamily,
+    /// ...triton_sidecar_http_connection_timeouts_total{phase}
+    pub connection_timeouts: CounterFamily,
+    /// ...triton_sidecar_http_lingering_ends_total{how}
+    pub lingering_ends: CounterFamily,
 }
 
 impl RequestMetrics {
@@ -27,6 +38,10 @@ impl RequestMetrics {
             internal_errors: CounterFamily::default(),
             outputs_filtered: CounterFamily::default(),
             routed: CounterFamily::default(),
+            connections_open: AtomicI64::new(0),
+            connections_refused: CounterFamily::default(),
+            connection_timeouts: CounterFamily::default(),
+            lingering_ends: CounterFamily::default(),
         }
     }
 

@@ -98,7 +98,7 @@ fn json_float(f: f64) -> String {
     }
 }
 
-fn json_string(s: &str, out: &mut String) {
+pub fn json_string(s: &str, out: &mut String) {
     out.push('"');
     for c in s.chars() {
         match c {

@@ -1,6 +1,9 @@
 //! `RequestMetrics`: the per-request counters of `metrics::request`, counted by whichever front
 //! serves a request and read by sidecar/metrics.py's collector at scrape time.
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -8,14 +11,15 @@ use crate::metrics::request;
 
 #[pyclass(frozen, module = "sidecar._dataplane")]
 pub struct RequestMetrics {
-    inner: request::RequestMetrics,
+    /// Shared with the HTTP front's runtime, which counts into it without Python.
+    pub(crate) inner: Arc<request::RequestMetrics>,
 }
 
 #[pymethods]
 impl RequestMetrics {
     #[new]
     fn new(latency_bounds: Vec<f64>) -> Self {
-        RequestMetrics { inner: request::RequestMetrics::new(latency_bounds) }
+        RequestMetrics { inner: Arc::new(request::RequestMetrics::new(latency_bounds)) }
     }
 
     /// One request answered with `code` after `seconds`.
@@ -41,6 +45,23 @@ impl RequestMetrics {
         self.inner.routed.inc(&[model, version, reason]);
     }
 
+    /// A client connection on listen.port opened (+1) or closed (-1).
+    fn connection_opened(&self, delta: i64) {
+        self.inner.connections_open.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    fn connection_refused(&self) {
+        self.inner.connections_refused.inc(&[]);
+    }
+
+    fn connection_timeout(&self, phase: &str) {
+        self.inner.connection_timeouts.inc(&[phase]);
+    }
+
+    fn lingering_end(&self, how: &str) {
+        self.inner.lingering_ends.inc(&[how]);
+    }
+
     /// Requests counted under (protocol, model, code), 0 when none.
     fn requests(&self, protocol: &str, model: &str, code: &str) -> u64 {
         self.inner.requests.value(&[protocol, model, code]).unwrap_or(0)
@@ -62,10 +83,14 @@ impl RequestMetrics {
             ("internal_errors", &m.internal_errors),
             ("outputs_filtered", &m.outputs_filtered),
             ("routed", &m.routed),
+            ("connections_refused", &m.connections_refused),
+            ("connection_timeouts", &m.connection_timeouts),
+            ("lingering_ends", &m.lingering_ends),
         ] {
             out.set_item(name, family.samples())?;
         }
         out.set_item("duration", m.duration.samples())?;
+        out.set_item("connections_open", m.connections_open.load(Ordering::Relaxed))?;
         Ok(out)
     }
 }

@@ -4,6 +4,7 @@
 mod answers;
 mod compare;
 mod filtering;
+mod front;
 mod generation;
 mod metrics;
 mod validation;
@@ -17,6 +18,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     answers::register(m)?;
     filtering::register(m)?;
     metrics::register(m)?;
+    front::register(m)?;
     generation::register(m)
 }
 

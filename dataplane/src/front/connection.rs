@@ -1,0 +1,700 @@
+//! One client connection of the HTTP front, served request after request (pipelined requests wait
+//! in the buffer, answered in order). Its bounds and refusals are the Python listener's
+//! (docs/reliability.md): header and keep-alive timeouts, URL and header sizes, smuggling refused,
+//! 413 before the body is read with lingering close, 408 for a body that trickles, 100-continue.
+//! A request the lane does not serve hands the connection, from that request's first byte on, to the
+//! Python app behind the front.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::sleep_until;
+
+use crate::protocol::pytext::{cut, format_g, repr_str};
+
+use super::events::{AccessRecord, Event};
+use super::lane::{self, Infer};
+use super::reply::{encode, refusal, Reply};
+use super::Shared;
+
+/// A request head as the front read it.
+struct Head {
+    length: usize,
+    method: String,
+    path: String,
+    /// 1 for HTTP/1.1, 0 for HTTP/1.0.
+    version: u8,
+    /// Names lower-cased, values as sent (latin-1).
+    headers: Vec<(String, String)>,
+}
+
+impl Head {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+
+    fn keep_alive(&self) -> bool {
+        let connection = self.get("connection").unwrap_or("").to_ascii_lowercase();
+        if self.version == 1 {
+            !connection.split(',').any(|t| t.trim() == "close")
+        } else {
+            connection.split(',').any(|t| t.trim() == "keep-alive")
+        }
+    }
+}
+
+/// What follows a refusal given before the whole request was read.
+enum Drain {
+    /// The rest cannot be framed any more: bytes are only counted until the client is done.
+    Count,
+    /// This many bytes of a declared body remain.
+    Length(u64),
+    /// A chunked body, read to its last chunk.
+    Chunked(Chunked),
+}
+
+pub struct Connection {
+    stream: TcpStream,
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+    buf: BytesMut,
+    answered_any: bool,
+}
+
+impl Connection {
+    pub fn new(stream: TcpStream, shared: Arc<Shared>, stop: watch::Receiver<bool>) -> Self {
+        Connection { stream, shared, stop, buf: BytesMut::with_capacity(16 * 1024), answered_any: false }
+    }
+
+    pub async fn run(mut self) {
+        loop {
+            let Some(head) = self.read_head().await else { return };
+            if !self.serve(head).await {
+                return;
+            }
+        }
+    }
+
+    /// The next request head, or None when the connection is done (closed, timed out, refused).
+    async fn read_head(&mut self) -> Option<Head> {
+        let settings = &self.shared.settings;
+        let idle_since = Instant::now();
+        let mut begun: Option<Instant> = None;
+        loop {
+            if !self.buf.is_empty() {
+                let now = Instant::now();
+                begun.get_or_insert(now);
+                match parse_head(&self.buf, settings) {
+                    Ok(Some(head)) => return Some(head),
+                    Ok(None) => {}
+                    Err(reply) => {
+                        self.refuse(reply, "", "", Drain::Count).await;
+                        return None;
+                    }
+                }
+            }
+            let deadline = match begun {
+                Some(b) => b + settings.header_timeout,
+                None if self.answered_any => idle_since + settings.keepalive_timeout,
+                None => idle_since + settings.header_timeout,
+            };
+            let timed_out = tokio::select! {
+                read = self.stream.read_buf(&mut self.buf) => match read {
+                    Ok(0) | Err(_) => return None,
+                    Ok(_) => false,
+                },
+                _ = sleep_until(deadline.into()) => true,
+                _ = self.stop.wait_for(|stopped| *stopped) => return None,
+            };
+            if !timed_out {
+                continue;
+            }
+            if begun.is_some() {
+                self.shared.metrics.connection_timeouts.inc(&["header"]);
+                let message = format!(
+                    "request headers not received within {} s (listen.header_timeout_s)",
+                    format_g(settings.header_timeout.as_secs_f64())
+                );
+                let reply = refusal("header_timeout", 408, &message, "", &[]);
+                // 408 and close at once: a client that trickles its headers is not one that reads
+                // answers (lingering would hold its descriptor longer still).
+                let request_id = self.count_refusal(&reply, "", "");
+                let _ = self.stream.write_all(&encode(&reply, &request_id, false)).await;
+            } else {
+                let phase = if self.answered_any { "keepalive" } else { "header" };
+                self.shared.metrics.connection_timeouts.inc(&[phase]);
+            }
+            return None;
+        }
+    }
+
+    /// Serve one request; false when the connection is done.
+    async fn serve(&mut self, head: Head) -> bool {
+        let started = Instant::now();
+        if let Some(why) = smuggling(&head) {
+            let reply = refusal("malformed", 400, &why, "", &[]);
+            self.refuse(reply, &head.path, "", Drain::Count).await;
+            return false;
+        }
+        let Some(infer) = self.lane_for(&head) else {
+            self.hand_over().await;
+            return false;
+        };
+        let (model, lane, header_length) = infer;
+        let settings = &self.shared.settings;
+        let limit = settings.max_body_bytes;
+        let chunked = head.get("transfer-encoding").is_some();
+        let declared = match head.get("content-length") {
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(n) => n,
+                Err(_) => {
+                    let reply = refusal("malformed", 400, "not valid HTTP: invalid Content-Length", "", &[]);
+                    self.refuse(reply, &head.path, &model, Drain::Count).await;
+                    return false;
+                }
+            },
+            None => 0,
+        };
+        if !chunked && declared > limit as u64 {
+            let reply = body_too_large(limit, &model);
+            let buffered = (self.buf.len() - head.length) as u64;
+            self.buf.clear();
+            self.refuse(reply, &head.path, &model, Drain::Length(declared.saturating_sub(buffered))).await;
+            return false;
+        }
+        let expects = head.get("expect").is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"));
+        if expects && self.stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.is_err() {
+            return false;
+        }
+        // The body, within proxy.client_body_timeout_s.
+        let deadline = Instant::now() + settings.client_body_timeout;
+        let body = if chunked {
+            let mut decoder = Chunked::default();
+            loop {
+                match decoder.feed(&self.buf[head.length..], limit) {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(ChunkError::TooLarge) => {
+                        // Refused once the limit is passed; the rest is read to its last chunk and
+                        // thrown away, so the connection closes where the body ends.
+                        decoder.discard = true;
+                        decoder.body = Vec::new();
+                        let input = self.buf.split_off(head.length);
+                        self.buf.clear();
+                        let done = decoder.feed(&input, usize::MAX).unwrap_or(true);
+                        decoder.pending = input[decoder.consumed..].to_vec();
+                        decoder.consumed = 0;
+                        let drain = if done { Drain::Length(0) } else { Drain::Chunked(decoder) };
+                        self.refuse(body_too_large(limit, &model), &head.path, &model, drain).await;
+                        return false;
+                    }
+                    Err(ChunkError::Malformed(why)) => {
+                        let reply = refusal("malformed", 400, &format!("not valid HTTP: {why}"), "", &[]);
+                        self.refuse(reply, &head.path, &model, Drain::Count).await;
+                        return false;
+                    }
+                }
+                if !self.read_body_bytes(deadline).await {
+                    return self.body_timed_out(&head, &model, None).await;
+                }
+            }
+            let consumed = head.length + decoder.consumed;
+            self.buf.advance(consumed);
+            Bytes::from(decoder.body)
+        } else {
+            let total = head.length + declared as usize;
+            while self.buf.len() < total {
+                if !self.read_body_bytes(deadline).await {
+                    let missing = (total - self.buf.len()) as u64;
+                    return self.body_timed_out(&head, &model, Some(missing)).await;
+                }
+            }
+            let mut request = self.buf.split_to(total).freeze();
+            request.advance(head.length);
+            request
+        };
+        let request_id = request_id(head.get("x-request-id"));
+        let infer = Infer {
+            model,
+            lane,
+            trace_id: trace_id(head.get("traceparent")),
+            traceparent: head.get("traceparent").map(str::to_owned),
+            tracestate: head.get("tracestate").map(str::to_owned),
+            header_length,
+            body,
+            path: head.path.clone(),
+            started,
+            request_id,
+        };
+        let keep_alive = head.keep_alive();
+        let Some(reply_bytes) = self.answer(infer, keep_alive).await else { return false };
+        if self.stream.write_all(&reply_bytes).await.is_err() {
+            return false;
+        }
+        self.answered_any = true;
+        if !keep_alive {
+            let _ = self.stream.shutdown().await;
+            return false;
+        }
+        true
+    }
+
+    /// Run the lane in its own task (a panic ends that request with 500, never the connection's
+    /// task); meanwhile read what the client pipelines, and cancel the call if the client leaves.
+    async fn answer(&mut self, infer: Infer, keep_alive: bool) -> Option<Vec<u8>> {
+        let shared = self.shared.clone();
+        let request_id = infer.request_id.clone();
+        let model = infer.model.clone();
+        let path = infer.path.clone();
+        let started = infer.started;
+        let trace = infer.trace_id.clone();
+        let mut task = tokio::spawn(lane::serve(shared.clone(), infer));
+        let room = shared.settings.head_limit() + shared.settings.max_body_bytes;
+        loop {
+            tokio::select! {
+                joined = &mut task => {
+                    let reply = match joined {
+                        Ok(reply) => reply,
+                        Err(e) => {
+                            let message = panic_message(e);
+                            shared.metrics.internal_errors.inc(&["http", &model]);
+                            shared.events.push(Event::Panic { model: model.clone(), message });
+                            let reply = refusal("internal_error", 500, "the sidecar failed to handle this request; \
+                                                 it was logged", &model, &[]);
+                            shared.metrics.finish("http", &model, "500", started.elapsed().as_secs_f64());
+                            reply
+                        }
+                    };
+                    return Some(encode(&reply, &request_id, keep_alive));
+                }
+                read = self.stream.read_buf(&mut self.buf), if self.buf.len() < room => {
+                    if matches!(read, Ok(0) | Err(_)) {
+                        // The client left: its call to Triton is cancelled (the connection to Triton
+                        // dropped with it) and the request counted as 499.
+                        task.abort();
+                        shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+                        let seconds = started.elapsed().as_secs_f64();
+                        shared.metrics.finish("http", &model, "499", seconds);
+                        shared.events.push(Event::Log(AccessRecord {
+                            request_id, trace_id: trace, model, path: cut(&path, 200), status: 499,
+                            duration_ms: (seconds * 100_000.0).round() / 100.0,
+                            reason: "client_disconnected".to_owned(),
+                        }));
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Read more of a body before `deadline`; false when the time is up or the client left.
+    async fn read_body_bytes(&mut self, deadline: Instant) -> bool {
+        tokio::select! {
+            read = self.stream.read_buf(&mut self.buf) => matches!(read, Ok(n) if n > 0),
+            _ = sleep_until(deadline.into()) => false,
+        }
+    }
+
+    async fn body_timed_out(&mut self, head: &Head, model: &str, missing: Option<u64>) -> bool {
+        let timeout = self.shared.settings.client_body_timeout.as_secs_f64();
+        let message = format!("request body not received within {} s (proxy.client_body_timeout_s)", format_g(timeout));
+        let reply = refusal("body_timeout", 408, &message, model, &[]);
+        self.buf.clear();
+        let drain = match missing {
+            Some(n) => Drain::Length(n),
+            None => Drain::Count,
+        };
+        self.refuse(reply, &head.path, model, drain).await;
+        false
+    }
+
+    /// The model, its lane and the binary header length when the lane serves this request.
+    fn lane_for(&self, head: &Head) -> Option<(String, Arc<super::state::Lane>, Option<i64>)> {
+        if head.method != "POST" || head.version != 1 || head.get("upgrade").is_some() {
+            return None;
+        }
+        let model = head.path.strip_prefix("/v2/models/")?.strip_suffix("/infer")?;
+        if model.is_empty() || model.contains(['/', '?', '#', '%']) {
+            return None; // a version in the path (routing), or a name to decode: the Python chain's
+        }
+        if head.get("x-model-version").is_some() {
+            return None;
+        }
+        let encoding = head.get("content-encoding").unwrap_or("").trim().to_ascii_lowercase();
+        if !(encoding.is_empty() || encoding == "identity") {
+            return None;
+        }
+        let ctype = head.get("content-type").unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        if !matches!(ctype.as_str(), "" | "application/json" | "application/octet-stream") {
+            return None;
+        }
+        let header_length = match head.get("inference-header-content-length") {
+            None => None,
+            Some(v) => Some(v.trim().parse::<i64>().ok()?),
+        };
+        let lane = self.shared.state.load().lanes.get(model)?.clone();
+        Some((model.to_owned(), lane, header_length))
+    }
+
+    /// Hand the rest of the connection, from the current request's first byte, to the Python app.
+    async fn hand_over(&mut self) {
+        self.shared.handovers.fetch_add(1, Ordering::Relaxed);
+        let Ok(mut back) = TcpStream::connect(self.shared.back).await else {
+            let reply = refusal("internal_error", 500, "the sidecar's own app is not reachable", "", &[]);
+            let _ = self.stream.write_all(&encode(&reply, &request_id(None), false)).await;
+            return;
+        };
+        let _ = back.set_nodelay(true);
+        if back.write_all(&self.buf).await.is_err() {
+            return;
+        }
+        self.buf.clear();
+        let _ = tokio::io::copy_bidirectional(&mut self.stream, &mut back).await;
+    }
+
+    /// Count an early refusal as a request and a rejection, log it; its request id.
+    /// `model`: a model of a lane (tracked), "" when the refusal came before one was known.
+    fn count_refusal(&self, reply: &Reply, path: &str, model: &str) -> String {
+        let label = if model.is_empty() { "_unknown_" } else { model };
+        let id = request_id(None);
+        self.shared.metrics.rejections.inc(&["http", label, reply.reason]);
+        self.shared.metrics.finish("http", label, &reply.status.to_string(), 0.0);
+        self.shared.events.push(Event::Log(AccessRecord {
+            request_id: id.clone(),
+            trace_id: String::new(),
+            model: label.to_owned(),
+            path: cut(path, 200),
+            status: reply.status,
+            duration_ms: 0.0,
+            reason: reply.reason.to_owned(),
+        }));
+        id
+    }
+
+    /// Answer before the request is read, half-close, and linger until the client is done (bounded):
+    /// a client that writes its whole body before reading still reads the answer.
+    async fn refuse(&mut self, reply: Reply, path: &str, model: &str, drain: Drain) {
+        let request_id = self.count_refusal(&reply, path, model);
+        let settings = self.shared.settings.clone();
+        let metrics = self.shared.metrics.clone();
+        let ends = |how: &str| metrics.lingering_ends.inc(&[how]);
+        if self.stream.write_all(&encode(&reply, &request_id, false)).await.is_err() {
+            ends("client_closed"); // gone before the answer could be written
+            return;
+        }
+        let mut drain = drain;
+        if matches!(drain, Drain::Length(0)) {
+            ends("drained");
+            return;
+        }
+        let _ = self.stream.shutdown().await;
+        let started = Instant::now();
+        let mut last = started;
+        let mut total: u64 = 0;
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            let by_time = started + settings.lingering_time;
+            let by_idle = last + settings.lingering_timeout;
+            tokio::select! {
+                read = self.stream.read(&mut chunk) => {
+                    let n = match read {
+                        Ok(0) | Err(_) => { ends("client_closed"); return; }
+                        Ok(n) => n,
+                    };
+                    total += n as u64;
+                    last = Instant::now();
+                    if total > settings.lingering_max_bytes {
+                        ends("bytes");
+                        return;
+                    }
+                    match &mut drain {
+                        Drain::Count => {}
+                        Drain::Length(left) => {
+                            *left = left.saturating_sub(n as u64);
+                            if *left == 0 {
+                                ends("drained");
+                                return;
+                            }
+                        }
+                        Drain::Chunked(decoder) => {
+                            decoder.pending.extend_from_slice(&chunk[..n]);
+                            let pending = std::mem::take(&mut decoder.pending);
+                            match decoder.feed(&pending, usize::MAX) {
+                                Ok(true) | Err(_) => { ends("drained"); return; }
+                                Ok(false) => {
+                                    decoder.pending = pending[decoder.consumed..].to_vec();
+                                    decoder.consumed = 0;
+                                }
+                            }
+                        }
+                    }
+                }
+                _ = sleep_until(by_time.min(by_idle).into()) => {
+                    ends(if by_time <= by_idle { "time" } else { "idle" });
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn panic_message(e: tokio::task::JoinError) -> String {
+    match e.try_into_panic() {
+        Ok(payload) => {
+            if let Some(s) = payload.downcast_ref::<&str>() {
+                (*s).to_owned()
+            } else if let Some(s) = payload.downcast_ref::<String>() {
+                s.clone()
+            } else {
+                "a panic without a message".to_owned()
+            }
+        }
+        Err(_) => "the request's task was cancelled".to_owned(),
+    }
+}
+
+fn body_too_large(limit: usize, model: &str) -> Reply {
+    let message = format!("request body larger than {limit} bytes (validation.max_body_bytes)");
+    refusal("body_too_large", 413, &message, model, &[])
+}
+
+/// Why a request's framing is ambiguous: Content-Length with Transfer-Encoding, a coding other than
+/// chunked, or two Content-Lengths (request smuggling; refused as nginx does, never handed on).
+fn smuggling(head: &Head) -> Option<String> {
+    let lengths: Vec<&str> =
+        head.headers.iter().filter(|(n, _)| n == "content-length").map(|(_, v)| v.as_str()).collect();
+    let codings: Vec<&str> =
+        head.headers.iter().filter(|(n, _)| n == "transfer-encoding").map(|(_, v)| v.as_str()).collect();
+    if lengths.len() > 1 {
+        return Some("not valid HTTP: more than one Content-Length".to_owned());
+    }
+    let coding = codings.last()?;
+    if !lengths.is_empty() {
+        return Some("both Content-Length and Transfer-Encoding: the body's framing is ambiguous".to_owned());
+    }
+    if codings.len() > 1 || !coding.trim().eq_ignore_ascii_case("chunked") {
+        return Some(format!("Transfer-Encoding {}: only chunked is accepted", repr_str(&cut(coding, 80))));
+    }
+    None
+}
+
+/// A complete head, None while more bytes are needed, or the refusal a head over a limit gets.
+fn parse_head(buf: &[u8], settings: &super::settings::Settings) -> Result<Option<Head>, Reply> {
+    let mut headers = vec![httparse::EMPTY_HEADER; settings.max_headers];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(buf) {
+        Ok(httparse::Status::Complete(length)) => {
+            let path = request.path.unwrap_or("");
+            if path.len() > settings.max_url_bytes {
+                return Err(url_too_long(settings));
+            }
+            let size: usize = request.headers.iter().map(|h| h.name.len() + h.value.len()).sum();
+            if size > settings.max_header_bytes {
+                return Err(headers_too_large(settings));
+            }
+            Ok(Some(Head {
+                length,
+                method: request.method.unwrap_or("").to_owned(),
+                path: path.to_owned(),
+                version: request.version.unwrap_or(1),
+                headers: request
+                    .headers
+                    .iter()
+                    .map(|h| (h.name.to_ascii_lowercase(), h.value.iter().map(|&b| b as char).collect()))
+                    .collect(),
+            }))
+        }
+        Ok(httparse::Status::Partial) => {
+            let line_ends = buf.iter().position(|&b| b == b'\n');
+            if line_ends.is_none() && buf.len() > settings.max_url_bytes + 32 {
+                return Err(url_too_long(settings));
+            }
+            if buf.len() > settings.head_limit() {
+                return Err(headers_too_large(settings));
+            }
+            Ok(None)
+        }
+        Err(httparse::Error::TooManyHeaders) => Err(headers_too_large(settings)),
+        Err(e) => Err(refusal("malformed", 400, &format!("not valid HTTP: {e}"), "", &[])),
+    }
+}
+
+fn url_too_long(settings: &super::settings::Settings) -> Reply {
+    let message = format!("request target longer than {} bytes (listen.max_url_bytes)", settings.max_url_bytes);
+    refusal("url_too_long", 414, &message, "", &[])
+}
+
+fn headers_too_large(settings: &super::settings::Settings) -> Reply {
+    let message = format!(
+        "request headers over {} bytes or {} fields (listen.max_header_bytes, listen.max_headers)",
+        settings.max_header_bytes, settings.max_headers
+    );
+    refusal("headers_too_large", 431, &message, "", &[])
+}
+
+/// The client's X-Request-ID when it is sane (1-128 of `[A-Za-z0-9._:/+=@-]`), else a new one.
+pub fn request_id(sent: Option<&str>) -> String {
+    if let Some(id) = sent {
+        let sane = !id.is_empty()
+            && id.len() <= 128
+            && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:/+=@-".contains(&b));
+        if sane {
+            return id.to_owned();
+        }
+    }
+    use std::cell::Cell;
+    use std::hash::{BuildHasher, Hasher};
+    thread_local!(static STATE: Cell<u64> = Cell::new({
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(0x5eed);
+        h.finish() | 1
+    }));
+    let next = || {
+        STATE.with(|s| {
+            let mut x = s.get();
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            s.set(x);
+            x
+        })
+    };
+    format!("{:016x}{:016x}", next(), next())
+}
+
+/// The trace id of a W3C traceparent header, or "" (all-zero ids are invalid).
+pub fn trace_id(traceparent: Option<&str>) -> String {
+    let Some(value) = traceparent else { return String::new() };
+    let parts: Vec<&str> = value.trim().split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if parts.len() == 4 && hex(parts[0], 2) && hex(parts[1], 32) && hex(parts[2], 16) && hex(parts[3], 2) {
+        if parts[1].bytes().all(|b| b == b'0') {
+            return String::new();
+        }
+        return parts[1].to_owned();
+    }
+    String::new()
+}
+
+#[derive(Debug)]
+enum ChunkError {
+    TooLarge,
+    Malformed(&'static str),
+}
+
+/// An incremental reader of a chunked body (RFC 9112 §7.1): fed the bytes after the head each time
+/// more arrive, it resumes where it stopped.
+#[derive(Default)]
+pub struct Chunked {
+    /// Bytes of the input consumed so far.
+    consumed: usize,
+    /// Data bytes still to come in the current chunk, and its CRLF after it.
+    left: usize,
+    in_data: bool,
+    trailers: bool,
+    body: Vec<u8>,
+    /// Only find the end (a refused body is thrown away).
+    discard: bool,
+    /// Bytes carried over between feeds while draining.
+    pending: Vec<u8>,
+}
+
+impl Chunked {
+    /// Read on from `input` (everything after the head); Ok(true) once the last chunk and the
+    /// trailers are read.
+    fn feed(&mut self, input: &[u8], limit: usize) -> Result<bool, ChunkError> {
+        loop {
+            let rest = &input[self.consumed..];
+            if self.in_data {
+                if self.left > 0 {
+                    let n = self.left.min(rest.len());
+                    if n == 0 {
+                        return Ok(false);
+                    }
+                    if !self.discard {
+                        self.body.extend_from_slice(&rest[..n]);
+                    }
+                    self.left -= n;
+                    self.consumed += n;
+                    continue;
+                }
+                if rest.len() < 2 {
+                    return Ok(false);
+                }
+                if &rest[..2] != b"\r\n" {
+                    return Err(ChunkError::Malformed("a chunk does not end with CRLF"));
+                }
+                self.consumed += 2;
+                self.in_data = false;
+                continue;
+            }
+            let Some(end) = rest.windows(2).position(|w| w == b"\r\n") else {
+                if rest.len() > 4096 {
+                    return Err(ChunkError::Malformed("a chunk-size line over 4096 bytes"));
+                }
+                return Ok(false);
+            };
+            let line = &rest[..end];
+            self.consumed += end + 2;
+            if self.trailers {
+                if line.is_empty() {
+                    return Ok(true);
+                }
+                continue;
+            }
+            let size_text = line.split(|&b| b == b';').next().unwrap_or(b"");
+            let size_text = std::str::from_utf8(size_text).map_err(|_| ChunkError::Malformed("a bad chunk size"))?;
+            let size =
+                usize::from_str_radix(size_text.trim(), 16).map_err(|_| ChunkError::Malformed("a bad chunk size"))?;
+            if size == 0 {
+                self.trailers = true;
+                continue;
+            }
+            self.left = size;
+            self.in_data = true;
+            if !self.discard && self.body.len().saturating_add(size) > limit {
+                return Err(ChunkError::TooLarge);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunked_body_is_read_across_feeds() {
+        let whole = b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\nT: v\r\n\r\n";
+        for split in 0..whole.len() {
+            let mut decoder = Chunked::default();
+            let first = decoder.feed(&whole[..split], 100).unwrap();
+            assert!(!first || split == whole.len());
+            assert!(decoder.feed(whole, 100).unwrap(), "split at {split}");
+            assert_eq!(decoder.body, b"abcde");
+            assert_eq!(decoder.consumed, whole.len());
+        }
+    }
+
+    #[test]
+    fn a_chunked_body_over_the_limit_is_refused() {
+        let mut decoder = Chunked::default();
+        assert!(matches!(decoder.feed(b"5\r\nabcde\r\n5\r\nfghij\r\n0\r\n\r\n", 8), Err(ChunkError::TooLarge)));
+    }
+
+    #[test]
+    fn ids_are_kept_when_sane_and_made_otherwise() {
+        assert_eq!(request_id(Some("abc-1")), "abc-1");
+        assert_eq!(request_id(Some("bad id")).len(), 32);
+        assert_eq!(
+            trace_id(Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")),
+            "0af7651916cd43dd8448eb211c80319c"
+        );
+        assert_eq!(trace_id(Some("00-00000000000000000000000000000000-b7ad6b7169203331-01")), "");
+    }
+}

@@ -1,0 +1,104 @@
+//! What the health loop must hear from the front, queued in order and drained by Python in batches
+//! (sidecar/fronts/http_front.py): passive signals, the sampled access log, panics.
+
+use std::sync::Mutex;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// `count` answers in a row from the model that were usable (a passive signal's reset).
+    Answered {
+        model: String,
+        count: u64,
+    },
+    /// A call to Triton that gave no usable answer: kind is timeout, unreachable, dropped,
+    /// server_error or bad_answer; `status` Triton's HTTP status (0 when none), `detail` its words.
+    Failed {
+        model: String,
+        kind: &'static str,
+        status: u16,
+        detail: String,
+    },
+    NonFinite {
+        model: String,
+        outputs: Vec<String>,
+    },
+    /// Requests at Triton ended because their model was quarantined while they waited.
+    Ended {
+        model: String,
+        count: u64,
+    },
+    Log(AccessRecord),
+    /// A request whose handling panicked (answered 500 internal_error): the message, for the log.
+    Panic {
+        model: String,
+        message: String,
+    },
+}
+
+/// One access-log line (every failure, a sample of the rest), with sidecar.serving.telemetry's fields.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccessRecord {
+    pub request_id: String,
+    pub trace_id: String,
+    pub model: String,
+    pub path: String,
+    pub status: u16,
+    pub duration_ms: f64,
+    pub reason: String,
+}
+
+#[derive(Default)]
+pub struct Events {
+    queue: Mutex<Vec<Event>>,
+}
+
+/// Events kept while Python does not drain (a wedged loop): past this the oldest are dropped, the
+/// health loop's own probes still see the model.
+const MAX_QUEUED: usize = 65536;
+
+impl Events {
+    pub fn push(&self, event: Event) {
+        let Ok(mut queue) = self.queue.lock() else { return };
+        if let (Event::Answered { model, count }, Some(Event::Answered { model: last, count: n })) =
+            (&event, queue.last_mut())
+        {
+            if last == model {
+                *n += count;
+                return;
+            }
+        }
+        if queue.len() >= MAX_QUEUED {
+            queue.remove(0);
+        }
+        queue.push(event);
+    }
+
+    pub fn drain(&self) -> Vec<Event> {
+        match self.queue.lock() {
+            Ok(mut queue) => std::mem::take(&mut *queue),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_in_a_row_from_one_model_are_one_event() {
+        let events = Events::default();
+        for model in ["a", "a", "b", "a"] {
+            events.push(Event::Answered { model: model.into(), count: 1 });
+        }
+        assert_eq!(
+            events.drain(),
+            vec![
+                Event::Answered { model: "a".into(), count: 2 },
+                Event::Answered { model: "b".into(), count: 1 },
+                Event::Answered { model: "a".into(), count: 1 },
+            ]
+        );
+        assert!(events.drain().is_empty());
+    }
+}

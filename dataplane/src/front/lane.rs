@@ -1,0 +1,309 @@
+//! One unary infer served without Python: validate -> breaker -> Triton -> screen -> count, the order
+//! of sidecar.serving.core.ServingCore.infer, with its refusals and messages.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::protocol::pytext::cut;
+use crate::serving::filtering;
+use crate::serving::validation::validate_infer_request;
+
+use super::events::{AccessRecord, Event};
+use super::reply::{json_value, refusal, Reply};
+use super::state::Lane;
+use super::upstream::{Answer, Failure};
+use super::Shared;
+
+/// One request the connection read in full.
+pub struct Infer {
+    pub model: String,
+    pub lane: Arc<Lane>,
+    pub request_id: String,
+    pub trace_id: String,
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+    pub header_length: Option<i64>,
+    pub body: Bytes,
+    pub path: String,
+    pub started: Instant,
+}
+
+/// Serve one request; the answer is always one the client can read (never an error).
+pub async fn serve(shared: Arc<Shared>, request: Infer) -> Reply {
+    shared.in_flight.fetch_add(1, Ordering::Relaxed);
+    let reply = answer(&shared, &request).await;
+    shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+    finish(&shared, &request, &reply);
+    reply
+}
+
+/// Count and log one answered request (sidecar.serving.telemetry.RequestTelemetry.finish).
+pub fn finish(shared: &Shared, request: &Infer, reply: &Reply) {
+    let seconds = request.started.elapsed().as_secs_f64();
+    let code = reply.status.to_string();
+    shared.metrics.finish("http", &request.model, &code, seconds);
+    shared.fast_requests.fetch_add(1, Ordering::Relaxed);
+    let failed = reply.status >= 400;
+    let rate = shared.settings.access_log_sample_rate;
+    if failed || rate >= 1.0 || (rate > 0.0 && sample(rate)) {
+        shared.events.push(Event::Log(AccessRecord {
+            request_id: request.request_id.clone(),
+            trace_id: request.trace_id.clone(),
+            model: request.model.clone(),
+            path: cut(&request.path, 200),
+            status: reply.status,
+            duration_ms: (seconds * 100_000.0).round() / 100.0,
+            reason: reply.reason.to_owned(),
+        }));
+    }
+}
+
+fn sample(rate: f64) -> bool {
+    // A cheap per-thread xorshift: log sampling, not a secret.
+    use std::cell::Cell;
+    thread_local!(static STATE: Cell<u64> = const { Cell::new(0x9E37_79B9_7F4A_7C15) });
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        ((x >> 11) as f64 / (1u64 << 53) as f64) < rate
+    })
+}
+
+async fn answer(shared: &Shared, request: &Infer) -> Reply {
+    let model = request.model.as_str();
+    let lane = &request.lane;
+    let hidden = |name: &str| lane.is_hidden(name);
+    if let Err(refused) = validate_infer_request(&lane.spec, &request.body, request.header_length, &hidden) {
+        let extra = if refused.input.is_empty() { vec![] } else { vec![("input", json_value(&refused.input))] };
+        let status = match refused.reason.label() {
+            "too_many_elements" => 413,
+            "filtered_output" | "shared_memory" => 403,
+            _ => 400,
+        };
+        return rejected(shared, model, refusal(refused.reason.label(), status, &refused.message, model, &extra));
+    }
+    // The breaker: a slot at once, or a place in the queue for up to proxy.upstream_timeout_s.
+    let breaker = lane.breaker.clone();
+    let permit = match breaker.slots.try_acquire() {
+        Ok(permit) => permit,
+        Err(_) => {
+            let waiting = breaker.waiting();
+            if waiting >= shared.settings.queue_size_per_model {
+                let message =
+                    format!("model {model} has too many requests in flight and {waiting} waiting; retry later");
+                return rejected(shared, model, overloaded(&message, model));
+            }
+            breaker.waiting.fetch_add(1, Ordering::Relaxed);
+            let acquired = tokio::time::timeout(shared.settings.upstream_timeout, breaker.slots.acquire()).await;
+            breaker.waiting.fetch_sub(1, Ordering::Relaxed);
+            match acquired {
+                Ok(Ok(permit)) => permit,
+                _ => {
+                    let wait = shared.settings.upstream_timeout.as_secs_f64();
+                    let message =
+                        format!("model {model}: no free slot within {} s", crate::protocol::pytext::format_g(wait));
+                    return rejected(shared, model, overloaded(&message, model));
+                }
+            }
+        }
+    };
+    let path = format!("/v2/models/{model}/infer");
+    let content_type = if request.header_length.is_some() { "application/octet-stream" } else { "application/json" };
+    let header_length = request.header_length.map(|h| h.to_string());
+    let mut headers: Vec<(&str, &str)> = vec![
+        ("x-request-id", request.request_id.as_str()),
+        ("accept-encoding", "identity"),
+        ("content-type", content_type),
+    ];
+    if let Some(h) = &header_length {
+        headers.push(("inference-header-content-length", h.as_str()));
+    }
+    if let Some(v) = &request.traceparent {
+        headers.push(("traceparent", v.as_str()));
+    }
+    if let Some(v) = &request.tracestate {
+        headers.push(("tracestate", v.as_str()));
+    }
+    // A quarantine that begins while the request is at Triton ends it at once (admission.py's
+    // _end_waiting): its connection to Triton is dropped with the call.
+    let mut published = shared.published.subscribe();
+    let call = shared.upstream.post(&path, &headers, request.body.clone());
+    tokio::pin!(call);
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut call => break outcome,
+            changed = published.changed() => {
+                if changed.is_err() {
+                    continue;
+                }
+                let snapshot = shared.state.load();
+                if let Some(ended) = snapshot.ended.get(model) {
+                    drop(permit);
+                    shared.events.push(Event::Ended { model: model.to_owned(), count: 1 });
+                    return Reply {
+                        status: ended.status,
+                        content_type: super::reply::JSON_REFUSAL.to_owned(),
+                        header_length: None,
+                        retry_after: ended.retry_after,
+                        body: ended.body.clone(),
+                        reason: "quarantined",
+                    };
+                }
+            }
+        }
+    };
+    drop(permit);
+    match outcome {
+        Ok(answer) => screen(shared, request, answer),
+        Err(failure) => upstream_refusal(shared, model, failure),
+    }
+}
+
+fn overloaded(message: &str, model: &str) -> Reply {
+    let mut reply = refusal("overloaded", 503, message, model, &[]);
+    reply.retry_after = Some(1);
+    reply
+}
+
+/// A refusal before Triton: counted in proxy_rejections_total.
+fn rejected(shared: &Shared, model: &str, reply: Reply) -> Reply {
+    shared.metrics.rejections.inc(&["http", model, reply.reason]);
+    reply
+}
+
+fn upstream_refusal(shared: &Shared, model: &str, failure: Failure) -> Reply {
+    match failure {
+        Failure::Unreachable(detail) => {
+            shared.events.push(Event::Failed { model: model.to_owned(), kind: "unreachable", status: 0, detail });
+            let mut reply = refusal("triton_unreachable", 503, "Triton is unreachable from the sidecar", model, &[]);
+            reply.retry_after = Some(shared.settings.retry_after_s);
+            reply
+        }
+        Failure::Timeout => {
+            let message = format!("Triton did not answer within the time limit ({model})");
+            shared.events.push(Event::Failed {
+                model: model.to_owned(),
+                kind: "timeout",
+                status: 0,
+                detail: message.clone(),
+            });
+            refusal("triton_timeout", 504, &message, model, &[])
+        }
+        Failure::Dropped(detail) => {
+            let message = format!("Triton dropped the connection: {}", cut(&detail, 80));
+            shared.events.push(Event::Failed {
+                model: model.to_owned(),
+                kind: "dropped",
+                status: 0,
+                detail: message.clone(),
+            });
+            refusal("triton_bad_answer", 502, &message, model, &[])
+        }
+    }
+}
+
+/// Triton's `{"error": ...}` text, or the start of whatever it answered (specs.triton_error_message).
+fn triton_error_message(body: &[u8]) -> String {
+    let parsed = crate::protocol::json::parse(body).ok();
+    let message = parsed.as_ref().and_then(|doc| match doc {
+        crate::protocol::json::Value::Object(members) => {
+            members.iter().find(|(k, _)| k == "error").and_then(|(_, v)| match v {
+                crate::protocol::json::Value::Str(s) if !s.is_empty() => Some(s.to_string()),
+                _ => None,
+            })
+        }
+        _ => None,
+    });
+    let text = match message {
+        Some(m) => m,
+        None if body.is_empty() => "(empty answer)".to_owned(),
+        None => String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
+    };
+    if text.chars().count() <= 300 {
+        text
+    } else {
+        text.chars().take(297).collect::<String>() + "..."
+    }
+}
+
+fn screen(shared: &Shared, request: &Infer, answer: Answer) -> Reply {
+    let model = request.model.as_str();
+    let content_type = answer
+        .content_type
+        .as_deref()
+        .unwrap_or("application/json")
+        .split(';')
+        .next()
+        .unwrap_or("application/json")
+        .trim()
+        .to_owned();
+    if answer.status >= 500 {
+        let detail = triton_error_message(&answer.body);
+        shared.events.push(Event::Failed {
+            model: model.to_owned(),
+            kind: "server_error",
+            status: answer.status,
+            detail: detail.clone(),
+        });
+        let message = format!("Triton answered {} for model {model}: {detail}", answer.status);
+        return refusal("triton_error", 502, &message, model, &[("triton_status", answer.status.to_string())]);
+    }
+    if answer.status != 200 {
+        // An error that is the client's to fix: passed on with Triton's words.
+        shared.events.push(Event::Answered { model: model.to_owned(), count: 1 });
+        return Reply {
+            status: answer.status,
+            content_type,
+            header_length: None,
+            retry_after: None,
+            body: answer.body,
+            reason: "",
+        };
+    }
+    let lane = &request.lane;
+    let hidden = |name: &str| lane.is_hidden(name);
+    let filter: Option<&dyn Fn(&str) -> bool> = if lane.hidden.is_some() { Some(&hidden) } else { None };
+    let screened =
+        match filtering::screen_infer_response(&answer.body, answer.header_length, filter, lane.check_non_finite) {
+            Ok(screened) => screened,
+            Err(e) => {
+                let message = format!("model {model}: {}", e.0);
+                shared.events.push(Event::Failed {
+                    model: model.to_owned(),
+                    kind: "bad_answer",
+                    status: 0,
+                    detail: e.0.clone(),
+                });
+                return refusal("triton_bad_answer", 502, &message, model, &[]);
+            }
+        };
+    for output in &screened.dropped {
+        shared.metrics.outputs_filtered.inc(&[model, output]);
+    }
+    if !screened.non_finite.is_empty() {
+        shared.events.push(Event::NonFinite { model: model.to_owned(), outputs: screened.non_finite.clone() });
+        if shared.settings.block_non_finite_outputs {
+            let names = screened.non_finite.join(", ");
+            let message = format!(
+                "model {model} answered NaN/Inf in {names}; the answer was withheld and the model is being re-checked"
+            );
+            let outputs =
+                format!("[{}]", screened.non_finite.iter().map(|o| json_value(o)).collect::<Vec<_>>().join(", "));
+            return refusal("non_finite_output", 502, &message, model, &[("outputs", outputs)]);
+        }
+    } else {
+        shared.events.push(Event::Answered { model: model.to_owned(), count: 1 });
+    }
+    let header_length = screened.header_length;
+    let body = match screened.body {
+        Some(body) => Bytes::from(body),
+        None => answer.body,
+    };
+    Reply { status: 200, content_type, header_length, retry_after: None, body, reason: "" }
+}

@@ -1,0 +1,145 @@
+//! The HTTP front: `listen.port` served by this crate (issue 30).
+//!
+//! One tokio runtime on its own threads (`listen.workers`) accepts the client connections, reads
+//! every request head itself (`connection`), enforces the listener's bounds with the sidecar's JSON
+//! refusals, and serves a unary infer to a model the control plane marked as fit for it (`lane`:
+//! validation, breaker, Triton, screening, counters) without entering Python. Whatever the lane does
+//! not serve yet (metadata, health, the control API refused, a pinned version, a rollout, a model on
+//! hold...) is handed, with the very bytes the client sent, to the Python app listening on a
+//! loopback port behind it, which answers it exactly as before.
+//!
+//! State comes down as snapshots (`state`, swapped atomically, read without a lock); what the health
+//! loop must hear goes up as events (`events`, drained by Python in batches).
+
+pub mod connection;
+pub mod events;
+pub mod lane;
+pub mod reply;
+pub mod settings;
+pub mod state;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::metrics::request::RequestMetrics;
+
+use self::events::Events;
+use self::settings::Settings;
+use self::state::Snapshot;
+use self::upstream::Upstream;
+
+/// What every connection and request of one front shares.
+pub struct Shared {
+    pub settings: Settings,
+    /// The Python app behind the front (loopback), for what the lane does not serve.
+    pub back: SocketAddr,
+    pub upstream: Upstream,
+    pub state: ArcSwap<Snapshot>,
+    /// Bumped at every publish: a request at Triton looks again whether its model is still trusted.
+    pub published: watch::Sender<u64>,
+    pub events: Events,
+    pub metrics: Arc<RequestMetrics>,
+    pub open_connections: AtomicUsize,
+    pub handovers: AtomicU64,
+    pub fast_requests: AtomicU64,
+    pub in_flight: AtomicUsize,
+}
+
+impl Shared {
+    pub fn new(settings: Settings, back: SocketAddr, upstream: Upstream, metrics: Arc<RequestMetrics>) -> Self {
+        Shared {
+            settings,
+            back,
+            upstream,
+            state: ArcSwap::from_pointee(Snapshot::default()),
+            published: watch::channel(0).0,
+            events: Events::default(),
+            metrics,
+            open_connections: AtomicUsize::new(0),
+            handovers: AtomicU64::new(0),
+            fast_requests: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn publish(&self, snapshot: Snapshot) {
+        self.state.store(Arc::new(snapshot));
+        self.published.send_modify(|n| *n += 1);
+    }
+}
+
+/// Accept connections until `stop` turns true; each connection is its own task.
+pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|stopped| *stopped) => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(_) => {
+                // Out of descriptors (EMFILE) or a connection reset before accept: wait a moment
+                // rather than spin; the backlog keeps the others.
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        if shared.open_connections.load(Ordering::Relaxed) >= shared.settings.max_connections {
+            shared.metrics.connections_refused.inc(&[]);
+            // Accepted and closed at once: listen.max_connections are open. A FIN first, and what
+            // the client already sent read away (at most a second, 64 KiB), so the kernel does not
+            // answer it with a reset the client would read as an error instead of the close.
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut stream = stream;
+                let _ = stream.shutdown().await;
+                let mut sink = [0u8; 4096];
+                let mut left = 64 * 1024usize;
+                let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
+                while left > 0 {
+                    match tokio::time::timeout_at(deadline, stream.read(&mut sink)).await {
+                        Ok(Ok(n)) if n > 0 => left = left.saturating_sub(n),
+                        _ => break,
+                    }
+                }
+            });
+            continue;
+        }
+        shared.open_connections.fetch_add(1, Ordering::Relaxed);
+        shared.metrics.connections_open.fetch_add(1, Ordering::Relaxed);
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let counted = Counted(shared.clone());
+            connection::Connection::new(stream, shared, stop).run().await;
+            drop(counted);
+        });
+    }
+    drop(listener);
+    drain(&shared).await;
+}
+
+/// Wait for the requests in flight (bounded by proxy.upstream_timeout_s) before the runtime ends.
+async fn drain(shared: &Shared) {
+    let deadline = tokio::time::Instant::now() + shared.settings.upstream_timeout;
+    while shared.in_flight.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// Releases a connection's place in listen.max_connections however its task ends.
+struct Counted(Arc<Shared>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.open_connections.fetch_sub(1, Ordering::Relaxed);
+        self.0.metrics.connections_open.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,33 @@
+//! The front's bounds, as Python's validated configuration gives them (`listen.*`, `proxy.*`,
+//! `validation.max_body_bytes`, `logging.access_log_sample_rate`): read once at start.
+
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub header_timeout: Duration,
+    pub keepalive_timeout: Duration,
+    pub max_url_bytes: usize,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+    pub max_connections: usize,
+    pub lingering_time: Duration,
+    pub lingering_timeout: Duration,
+    pub lingering_max_bytes: u64,
+    pub max_body_bytes: usize,
+    pub client_body_timeout: Duration,
+    pub upstream_timeout: Duration,
+    pub retry_after_s: u64,
+    pub max_in_flight_per_model: usize,
+    pub queue_size_per_model: usize,
+    pub block_non_finite_outputs: bool,
+    pub access_log_sample_rate: f64,
+}
+
+impl Settings {
+    /// Bytes of a request line and headers the front buffers before refusing them: the two limits
+    /// plus room for the method, the version and the separators.
+    pub fn head_limit(&self) -> usize {
+        self.max_url_bytes + self.max_header_bytes + 4096
+    }
+}

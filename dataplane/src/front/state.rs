@@ -1,0 +1,61 @@
+//! The state Python publishes for the front: which models the lane may serve, with what spec and
+//! output filter, and the answer owed to requests at Triton when a model stops being trusted.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use tokio::sync::Semaphore;
+
+use crate::serving::validation::RequestSpec;
+
+/// One model the lane serves on its own: trusted, not suspect, no rollout, pin, rule file or drift
+/// reference (those still go to the Python chain).
+pub struct Lane {
+    pub spec: RequestSpec,
+    /// Declared outputs that never leave the pod; None when no filtering rule names the model. An
+    /// output the answer holds that the model does not declare counts as hidden (the safe side).
+    pub hidden: Option<HashSet<String>>,
+    /// Look for NaN/Inf in float outputs (off when the model's golden files expect them).
+    pub check_non_finite: bool,
+    pub breaker: std::sync::Arc<Breaker>,
+}
+
+impl Lane {
+    pub fn is_hidden(&self, name: &str) -> bool {
+        match &self.hidden {
+            None => false,
+            Some(hidden) => hidden.contains(name) || !self.spec.outputs.iter().any(|o| o == name),
+        }
+    }
+}
+
+/// The refusal a request at Triton ends with when its model is quarantined meanwhile.
+pub struct Ended {
+    pub status: u16,
+    pub body: Bytes,
+    pub retry_after: Option<u64>,
+}
+
+#[derive(Default)]
+pub struct Snapshot {
+    pub lanes: HashMap<String, std::sync::Arc<Lane>>,
+    pub ended: HashMap<String, std::sync::Arc<Ended>>,
+}
+
+/// The per-model breaker (as sidecar/serving/breaker.py): `capacity` requests at Triton, `queue`
+/// waiting behind them, more refused at once. Kept across snapshots (its counts are live).
+pub struct Breaker {
+    pub slots: Semaphore,
+    pub waiting: AtomicUsize,
+}
+
+impl Breaker {
+    pub fn new(capacity: usize) -> Self {
+        Breaker { slots: Semaphore::new(capacity), waiting: AtomicUsize::new(0) }
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+}

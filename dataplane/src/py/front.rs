@@ -1,0 +1,230 @@
+//! `HttpFront`: the HTTP front of `front`, started, fed and stopped by sidecar/fronts/http_front.py.
+//! Its runtime threads never enter Python: the state is pushed down (`publish`), events pulled up
+//! (`drain_events`), counters read (`open_connections`, ...).
+
+use std::collections::{HashMap, HashSet};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::Bytes;
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+use tokio::sync::watch;
+
+use crate::front::events::Event;
+use crate::front::settings::Settings;
+use crate::front::state::{Breaker, Ended, Lane, Snapshot};
+use crate::front::upstream::Upstream;
+use crate::front::{accept_loop, Shared};
+
+use super::metrics::RequestMetrics;
+use super::validation::RequestSpec;
+
+/// (model, its spec, hidden outputs or None, look for NaN/Inf) as Python publishes a lane.
+type LaneTuple<'py> = (String, PyRef<'py, RequestSpec>, Option<Vec<String>>, bool);
+
+#[pyclass(module = "sidecar._dataplane")]
+pub struct HttpFront {
+    shared: Arc<Shared>,
+    port: u16,
+    stop: watch::Sender<bool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// Breakers by model, kept across snapshots (their counts are live).
+    breakers: Mutex<HashMap<String, Arc<Breaker>>>,
+}
+
+fn secs(value: f64, key: &str) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(value).map_err(|_| PyValueError::new_err(format!("{key}: {value} is not a duration")))
+}
+
+#[pymethods]
+impl HttpFront {
+    /// Bind `host:port` (0: any free port) with an accept queue of `backlog`, and serve on
+    /// `workers` runtime threads. `back_port`: the Python app on 127.0.0.1; `upstream`: Triton's
+    /// HTTP "host:port". `limits` holds the settings by their configuration keys.
+    #[new]
+    #[pyo3(signature = (host, port, backlog, workers, back_port, upstream, limits, metrics))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        host: &str,
+        port: u16,
+        backlog: i32,
+        workers: usize,
+        back_port: u16,
+        upstream: String,
+        limits: HashMap<String, f64>,
+        metrics: PyRef<'_, RequestMetrics>,
+    ) -> PyResult<Self> {
+        let get = |key: &str| -> PyResult<f64> {
+            limits.get(key).copied().ok_or_else(|| PyValueError::new_err(format!("HttpFront: missing limit {key}")))
+        };
+        let settings = Settings {
+            header_timeout: secs(get("listen.header_timeout_s")?, "listen.header_timeout_s")?,
+            keepalive_timeout: secs(get("listen.keepalive_timeout_s")?, "listen.keepalive_timeout_s")?,
+            max_url_bytes: get("listen.max_url_bytes")? as usize,
+            max_header_bytes: get("listen.max_header_bytes")? as usize,
+            max_headers: get("listen.max_headers")? as usize,
+            max_connections: get("listen.max_connections")? as usize,
+            lingering_time: secs(get("listen.lingering_time_s")?, "listen.lingering_time_s")?,
+            lingering_timeout: secs(get("listen.lingering_timeout_s")?, "listen.lingering_timeout_s")?,
+            lingering_max_bytes: get("listen.lingering_max_bytes")? as u64,
+            max_body_bytes: get("validation.max_body_bytes")? as usize,
+            client_body_timeout: secs(get("proxy.client_body_timeout_s")?, "proxy.client_body_timeout_s")?,
+            upstream_timeout: secs(get("proxy.upstream_timeout_s")?, "proxy.upstream_timeout_s")?,
+            retry_after_s: get("proxy.retry_after_s")? as u64,
+            max_in_flight_per_model: get("proxy.max_in_flight_per_model")? as usize,
+            queue_size_per_model: get("proxy.queue_size_per_model")? as usize,
+            block_non_finite_outputs: get("proxy.block_non_finite_outputs")? != 0.0,
+            access_log_sample_rate: get("logging.access_log_sample_rate")?,
+        };
+        let address = (host, port)
+            .to_socket_addrs()
+            .map_err(|e| PyOSError::new_err(format!("listen.host {host}: {e}")))?
+            .next()
+            .ok_or_else(|| PyOSError::new_err(format!("listen.host {host}: no address")))?;
+        let listener = bind(address, backlog).map_err(|e| PyOSError::new_err(format!("listen.port {port}: {e}")))?;
+        let port = listener.local_addr().map_err(|e| PyOSError::new_err(e.to_string()))?.port();
+        let back = SocketAddr::from(([127, 0, 0, 1], back_port));
+        let timeout = settings.upstream_timeout;
+        let (stop, stopped) = watch::channel(false);
+        let metrics = metrics.inner.clone();
+        // The runtime is built on its own thread: the upstream client must be made inside it.
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Arc<Shared>, String>>();
+        let thread = std::thread::Builder::new()
+            .name("sidecar-front".into())
+            .spawn(move || {
+                let runtime = if workers <= 1 {
+                    tokio::runtime::Builder::new_current_thread().enable_all().build()
+                } else {
+                    tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build()
+                };
+                let runtime = match runtime {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e.to_string()));
+                            return;
+                        }
+                    };
+                    let shared = Arc::new(Shared::new(settings, back, Upstream::new(upstream, timeout), metrics));
+                    let _ = ready_tx.send(Ok(shared.clone()));
+                    accept_loop(listener, shared, stopped).await;
+                });
+            })
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        let shared =
+            ready_rx.recv().map_err(|e| PyRuntimeError::new_err(e.to_string()))?.map_err(PyRuntimeError::new_err)?;
+        Ok(HttpFront { shared, port, stop, thread: Mutex::new(Some(thread)), breakers: Mutex::new(HashMap::new()) })
+    }
+
+    #[getter]
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    #[getter]
+    fn open_connections(&self) -> usize {
+        self.shared.open_connections.load(Ordering::Relaxed)
+    }
+
+    #[getter]
+    fn handovers(&self) -> u64 {
+        self.shared.handovers.load(Ordering::Relaxed)
+    }
+
+    #[getter]
+    fn fast_requests(&self) -> u64 {
+        self.shared.fast_requests.load(Ordering::Relaxed)
+    }
+
+    #[getter]
+    fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Swap in the state requests read. `lanes`: (model, spec, hidden outputs or None, check
+    /// non-finite); `ended`: (model, status, JSON body, Retry-After or None) for models whose
+    /// requests at Triton must end now.
+    fn publish(&self, lanes: Vec<LaneTuple<'_>>, ended: Vec<(String, u16, Vec<u8>, Option<u64>)>) -> PyResult<()> {
+        let mut breakers = self.breakers.lock().map_err(|_| PyRuntimeError::new_err("breakers poisoned"))?;
+        let capacity = self.shared.settings.max_in_flight_per_model;
+        let mut snapshot = Snapshot::default();
+        for (model, spec, hidden, check_non_finite) in lanes {
+            let breaker = breakers.entry(model.clone()).or_insert_with(|| Arc::new(Breaker::new(capacity))).clone();
+            let lane = Lane {
+                spec: spec.spec.clone(),
+                hidden: hidden.map(|h| h.into_iter().collect::<HashSet<_>>()),
+                check_non_finite,
+                breaker,
+            };
+            snapshot.lanes.insert(model, Arc::new(lane));
+        }
+        for (model, status, body, retry_after) in ended {
+            snapshot.ended.insert(model, Arc::new(Ended { status, body: Bytes::from(body), retry_after }));
+        }
+        self.shared.publish(snapshot);
+        Ok(())
+    }
+
+    /// Everything the front queued since the last call, oldest first, as tuples:
+    /// ("answered", model, count), ("failed", model, kind, status, detail), ("non_finite", model,
+    /// outputs), ("ended", model, count), ("log", request_id, trace_id, model, path, status,
+    /// duration_ms, reason), ("panic", model, message).
+    fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::empty(py);
+        for event in self.shared.events.drain() {
+            let item: Bound<'py, PyTuple> = match event {
+                Event::Answered { model, count } => ("answered", model, count).into_pyobject(py)?,
+                Event::Failed { model, kind, status, detail } => {
+                    ("failed", model, kind, status, detail).into_pyobject(py)?
+                }
+                Event::NonFinite { model, outputs } => ("non_finite", model, outputs).into_pyobject(py)?,
+                Event::Ended { model, count } => ("ended", model, count).into_pyobject(py)?,
+                Event::Log(r) => ("log", r.request_id, r.trace_id, r.model, r.path, r.status, r.duration_ms, r.reason)
+                    .into_pyobject(py)?,
+                Event::Panic { model, message } => ("panic", model, message).into_pyobject(py)?,
+            };
+            out.append(item)?;
+        }
+        Ok(out)
+    }
+
+    /// Stop accepting, end idle connections, let in-flight requests finish (bounded by
+    /// proxy.upstream_timeout_s), and wait without the GIL for the runtime to end.
+    fn close(&self, py: Python<'_>) {
+        let _ = self.stop.send(true);
+        let handle = self.thread.lock().ok().and_then(|mut t| t.take());
+        py.detach(move || {
+            if let Some(handle) = handle {
+                let _ = handle.join();
+            }
+        });
+    }
+}
+
+/// The listening socket: address reuse (a restart does not wait out TIME_WAIT) and an accept queue of
+/// `backlog` (listen.max_connections; the kernel caps it at net.core.somaxconn).
+fn bind(address: SocketAddr, backlog: i32) -> std::io::Result<std::net::TcpListener> {
+    let domain = socket2::Domain::for_address(address);
+    let socket = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&address.into())?;
+    socket.listen(backlog)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<HttpFront>()
+}

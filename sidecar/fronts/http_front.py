@@ -1,0 +1,258 @@
+"""`listen.front: rust`: listen.port served by the data plane's HTTP front (sidecar._dataplane.HttpFront).
+
+The Rust front owns the socket. It reads every request head itself and enforces the listener's
+bounds (header and keep-alive timeouts, URL and header sizes, smuggling refused, 413 with lingering
+close, 408 for a slow body, 100-continue, listen.max_connections), and it serves a unary
+`POST /v2/models/{m}/infer` to a model published to it as a *lane* without entering Python:
+validation, breaker, Triton, screening and counters all run on its runtime thread(s). Everything
+else (kubelet endpoints, /metrics, metadata, a pinned version, a rollout, a model on hold or
+quarantined, a per-model rule file, a drift reference, generate) is handed, with the very bytes the
+client sent, to the Python listener (sidecar.fronts.http_listener) on a loopback port behind it,
+which answers exactly as before.
+
+This module is the control plane's side of that boundary:
+- **down**: which models are lanes, with their spec, hidden outputs and NaN screening, and the
+  refusal owed to requests at Triton when a model stops being trusted: published at once on every
+  state transition, and on a short tick for what changes without one (a spec fetched, a rollout);
+- **up**: the front's events (passive signals, requests ended at a quarantine, the sampled access
+  log, panics), drained on the same tick and handed to the health loop and the log as the Python
+  chain would have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from sidecar._dataplane import HttpFront as NativeFront
+from sidecar.fronts.appkeys import CONFIG, SERVING, STATES
+from sidecar.fronts.http_listener import SidecarListener
+from sidecar.messages import cut
+from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
+from sidecar.serving.core import ServingCore
+from sidecar.states import ModelStates, Transition
+
+log = structlog.get_logger("sidecar.proxy")
+
+#: How often (s) the front's events are drained and its lanes looked at again. A passive signal
+#: reaches the health loop this much later than on the Python path; state transitions are
+#: published at once, not on this tick.
+TICK_S = 0.05
+
+Lane = tuple[str, Any, list[str] | None, bool]
+
+
+class HttpFront:
+    """The Rust front on listen.port, the Python listener behind it on loopback (same interface as
+    SidecarListener: `start`, `port`, `open_connections`, `handovers`, `fast_requests`, `close`)."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        self.back = SidecarListener(app, behind_front=True)
+        self._native: NativeFront | None = None
+        self._tick: asyncio.Task[None] | None = None
+        self._published: tuple[Any, ...] | None = None
+        #: Spec fetches begun for trusted models without one, so a model is a lane before its first
+        #: request rather than after it.
+        self._warming: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def core(self) -> ServingCore:
+        return self.app[SERVING]
+
+    async def start(self, host: str, port: int) -> None:
+        config = self.app[CONFIG]
+        await self.back.start("127.0.0.1", 0)
+        listen, proxy = config.listen, config.proxy
+        limits = {
+            "listen.header_timeout_s": listen.header_timeout_s,
+            "listen.keepalive_timeout_s": listen.keepalive_timeout_s,
+            "listen.max_url_bytes": listen.max_url_bytes,
+            "listen.max_header_bytes": listen.max_header_bytes,
+            "listen.max_headers": listen.max_headers,
+            "listen.max_connections": listen.max_connections,
+            "listen.lingering_time_s": listen.lingering_time_s,
+            "listen.lingering_timeout_s": listen.lingering_timeout_s,
+            "listen.lingering_max_bytes": listen.lingering_max_bytes,
+            "validation.max_body_bytes": config.validation.max_body_bytes,
+            "proxy.client_body_timeout_s": proxy.client_body_timeout_s,
+            "proxy.upstream_timeout_s": proxy.upstream_timeout_s,
+            "proxy.retry_after_s": proxy.retry_after_s,
+            "proxy.max_in_flight_per_model": proxy.max_in_flight_per_model,
+            "proxy.queue_size_per_model": proxy.queue_size_per_model,
+            "proxy.block_non_finite_outputs": float(proxy.block_non_finite_outputs),
+            "logging.access_log_sample_rate": config.logging.access_log_sample_rate,
+        }
+        upstream = config.triton.url.split("://", 1)[-1].rstrip("/")
+        self._native = NativeFront(host, port, listen.max_connections, listen.workers, self.back.port, upstream,
+                                   {k: float(v) for k, v in limits.items()}, self.core.metrics.requests)
+        states: ModelStates = self.app[STATES]
+        states.add_listener(self._on_transition)
+        states.add_suspect_listener(self._on_suspect)
+        self._tick = asyncio.create_task(self._run_tick(), name="http-front-tick")
+        self.publish(force=True)
+
+    # -- the listener's interface (tests and the CLI read these) -------------------------------------
+
+    @property
+    def port(self) -> int:
+        assert self._native is not None
+        return self._native.port
+
+    @property
+    def open_connections(self) -> int:
+        return self._native.open_connections if self._native is not None else 0
+
+    @property
+    def handovers(self) -> int:
+        return self._native.handovers if self._native is not None else 0
+
+    @property
+    def fast_requests(self) -> int:
+        return self._native.fast_requests if self._native is not None else 0
+
+    @property
+    def in_flight(self) -> int:
+        return self._native.in_flight if self._native is not None else 0
+
+    async def close(self) -> None:
+        """Stop accepting; requests in flight on the front finish (bounded by proxy.upstream_timeout_s),
+        then the Python listener behind it closes."""
+        for task in [self._tick, *self._warming.values()]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self._native is not None:
+            await asyncio.to_thread(self._native.close)
+            self._drain_events()
+        await self.back.close()
+
+    # -- down: lanes -------------------------------------------------------------------------------------
+
+    def _on_transition(self, t: Transition) -> None:
+        self.publish()
+
+    def _on_suspect(self, model: str, suspect: bool) -> None:
+        self.publish()
+
+    def lanes(self) -> tuple[list[Lane], list[tuple[str, int, bytes, int | None]]]:
+        """The models the front may serve on its own now, and the refusals owed to the requests at
+        Triton of models that are not trusted."""
+        core = self.core
+        states: ModelStates = self.app[STATES]
+        lanes: list[Lane] = []
+        ended: list[tuple[str, int, bytes, int | None]] = []
+        for model in states.names():
+            health = states.get(model)
+            if health is None:
+                continue
+            if not health.trusts(""):
+                refusal = core.admission.quarantine_refusal(model)
+                ended.append((model, refusal.status, json.dumps(refusal.body()).encode(), refusal.retry_after))
+                continue
+            if health.suspect or health.broken_versions or core.rollouts.get(model) is not None:
+                continue  # a hold, a fallback or a rollout: the Python chain routes these
+            if core.drift.has_reference(model):
+                continue
+            spec = core.specs.cached(model, "")
+            if spec is None:
+                self._warm(model)
+                continue
+            if spec.rules is not None:
+                continue  # per-model rule files are checked by the Python chain
+            policy = core.policy(model)
+            hidden: list[str] | None = None
+            if policy.is_hidden is not None:
+                if not spec.outputs:
+                    continue  # outputs undeclared: only the Python filter can judge them by name
+                hidden = sorted(o for o in spec.outputs if policy.is_hidden(o))
+            lanes.append((model, spec.native, hidden, policy.check_non_finite))
+        return lanes, ended
+
+    def _warm(self, model: str) -> None:
+        if model in self._warming or self._tick is None:
+            return
+
+        async def fetch() -> None:
+            try:
+                await self.core.specs.get(model, "")
+            except Exception as e:  # the Python chain fetches it again (and refuses) on a request
+                log.debug("http_front_spec_not_fetched", model=model, cause=cut(repr(e), 200))
+            finally:
+                self._warming.pop(model, None)
+            self.publish()
+
+        self._warming[model] = asyncio.get_running_loop().create_task(fetch(), name=f"http-front-spec:{model}")
+
+    def publish(self, *, force: bool = False) -> None:
+        if self._native is None:
+            return
+        lanes, ended = self.lanes()
+        key = (tuple((m, id(s), tuple(h) if h is not None else None, c) for m, s, h, c in lanes),
+               tuple((m, s, b) for m, s, b, _ in ended))
+        if key == self._published and not force:
+            return
+        self._native.publish(lanes, ended)
+        self._published = key
+
+    async def _run_tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                self._drain_events()
+                self.publish()
+            except Exception:
+                log.exception("http_front_tick_failed")
+
+    # -- up: events -------------------------------------------------------------------------------------
+
+    def _drain_events(self) -> None:
+        if self._native is None:
+            return
+        events = self._native.drain_events()
+        if not events:
+            return
+        core = self.core
+        signals = core.signals
+        for event in events:
+            kind = event[0]
+            if kind == "answered":
+                signals.upstream_answered(event[1])
+            elif kind == "log":
+                _, request_id, trace_id, model, path, status, duration_ms, reason = event
+                fields: dict[str, Any] = {"request_id": request_id, "trace_id": trace_id, "model": model,
+                                          "protocol": "http", "method": "POST", "path": path, "status": status,
+                                          "duration_ms": duration_ms}
+                if reason:
+                    fields["reason"] = reason
+                (log.warning if status >= 500 else log.info)("proxy_request", **fields)
+            elif kind == "failed":
+                _, model, how, status, detail = event
+                if how == "unreachable":
+                    core._events.triton_unreachable(f"proxied request could not connect: {cut(detail, 160)}")
+                elif how == "server_error":
+                    stub_dead = isinstance(triton_error(status, detail), StubUnhealthy)
+                    signals.upstream_failed(model, f"Triton answered {status}: {detail}", stub_dead=stub_dead)
+                else:
+                    signals.upstream_failed(model, detail)
+            elif kind == "non_finite":
+                signals.non_finite_answer(event[1], event[2])
+            elif kind == "ended":
+                _, model, count = event
+                core.metrics.quarantined.labels(model=model, outcome="ended_at_triton").inc(count)
+                log.warning("requests_ended_at_quarantine", model=model, requests=count,
+                            cause="the model was quarantined while these requests waited at Triton; they were "
+                                  "answered 503 with Retry-After and their connections to Triton closed")
+            elif kind == "panic":
+                log.error("proxy_internal_error", model=event[1], cause=event[2], protocol="http")
+
+
+def http_server(app: web.Application) -> SidecarListener | HttpFront:
+    """What serves listen.port: `listen.front` (rust: the data plane's front; python: the listener)."""
+    return HttpFront(app) if app[CONFIG].listen.front == "rust" else SidecarListener(app)
