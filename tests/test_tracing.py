@@ -27,7 +27,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 from tritonclient.grpc import service_pb2 as pb
 
-from sidecar.config import load_config
+from sidecar.config import ConfigError, load_config
 from sidecar.devtools.tritonserver import LocalTriton, free_port
 from sidecar.fronts.grpc_server import SERVICE
 from sidecar.logs import configure_logging
@@ -213,6 +213,33 @@ def _credit_request(seed: int = 0) -> pb.ModelInferRequest:
     return pb.ModelInferRequest(model_name="credit_risk", inputs=[tensor], raw_input_contents=[x.tobytes()])
 
 
+#: Triton 2.51 now and then exports no span at all for a traced gRPC request: sent straight to Triton (no
+#: sidecar), 3 of 30 requests, each on a new channel with a sampled traceparent, had none after 4 s
+#: (Triton's log says nothing). A test that needs Triton's span sends up to this many requests, each in a
+#: trace of its own, and judges the first one Triton exported.
+TRITON_TRIES = 5
+
+
+async def _triton_joins(receiver: OtlpReceiver, send: Any) -> tuple[ReceivedSpan, list[ReceivedSpan]]:
+    """`await send(i)` sends request i (x-request-id `send`'s own) and returns that request id. Returns
+    the sidecar's span of the first request Triton exported a span for, and Triton's spans under it."""
+    for i in range(TRITON_TRIES):
+        request_id = await send(i)
+        ours = await wait_for(lambda r=request_id: receiver.find(service=SIDECAR_SERVICE,
+                                                                 attributes={"sidecar.request_id": r}),
+                              10, what=f"the sidecar's span of {request_id}")
+        assert len(ours) == 1, ours
+        try:
+            theirs = await wait_for(lambda o=ours[0]: receiver.find(trace_id=o.trace_id, parent_span_id=o.span_id),
+                                    5, what="Triton's span under the sidecar's")
+        except AssertionError:
+            continue
+        assert all(s.service != SIDECAR_SERVICE for s in theirs), theirs
+        return ours[0], theirs
+    raise AssertionError(f"Triton exported no span under the sidecar's in {TRITON_TRIES} traces; "
+                         f"undecoded posts: {receiver.errors}")
+
+
 @pytest.fixture
 def log_events() -> Iterator[list[dict[str, Any]]]:
     """Every log event as the sidecar writes it, its context variables (request, trace and span ids)
@@ -273,27 +300,28 @@ async def test_a_grpc_request_continues_the_client_s_trace_and_triton_s_spans_ne
     # sample_rate 0 and parent-based: only the client's sampled traces are kept.
     sidecar = await started_and_healthy(start, tracing_config(traced_triton, receiver.url, grpc_port=port,
                                                               sample_rate=0.0))
-    client_trace, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    code, _, answer = await _infer(f"127.0.0.1:{port}", _credit_request(), metadata=(
-        ("traceparent", f"00-{client_trace}-{client_span}-01"), ("tracestate", "vendor=kept"),
-        ("x-request-id", "traced-1")))
-    assert code is grpc.StatusCode.OK and pb.ModelInferResponse.FromString(answer).model_name == "credit_risk"
+    client_span = "00f067aa0ba902b7"
 
-    ours = await wait_for(lambda: receiver.find(trace_id=client_trace, service=SIDECAR_SERVICE), 10,
-                          what="the sidecar's span in the client's trace")
-    assert len(ours) == 1, ours
-    span = ours[0]
-    assert (span.name, span.parent_span_id) == (INFER_SPAN, client_span), span
-    assert span.attributes["sidecar.model"] == "credit_risk" and span.attributes["sidecar.request_id"] == "traced-1"
+    def client_trace(i: int) -> str:
+        return f"{i:x}bf92f3577b34da6a3ce929d0e0e4736"
+
+    async def send(i: int) -> str:
+        code, _, answer = await _infer(f"127.0.0.1:{port}", _credit_request(), metadata=(
+            ("traceparent", f"00-{client_trace(i)}-{client_span}-01"), ("tracestate", "vendor=kept"),
+            ("x-request-id", f"traced-{i}")))
+        assert code is grpc.StatusCode.OK and pb.ModelInferResponse.FromString(answer).model_name == "credit_risk"
+        return f"traced-{i}"
+
+    span, _ = await _triton_joins(receiver, send)
+    i = int(span.attributes["sidecar.request_id"].split("-")[1])
+    assert (span.trace_id, span.name, span.parent_span_id) == (client_trace(i), INFER_SPAN, client_span), span
+    assert span.attributes["sidecar.model"] == "credit_risk", span
     assert span.attributes["rpc.grpc.status_code"] == 0 and span.attributes["sidecar.status"] == "OK", span
     assert not span.failed, span
-    triton_spans = await wait_for(lambda: receiver.find(trace_id=client_trace, parent_span_id=span.span_id), 15,
-                                  what="Triton's span under the sidecar's")
-    assert all(s.service != SIDECAR_SERVICE for s in triton_spans), triton_spans
     assert receiver.posts["json"] >= 1 and receiver.posts["protobuf"] >= 1, receiver.posts
     # The access log line of the request names the trace and the sidecar's span.
-    access = [e for e in log_events if e.get("event") == "proxy_request" and e.get("request_id") == "traced-1"]
-    assert access and (access[0]["trace_id"], access[0]["span_id"]) == (client_trace, span.span_id), access
+    access = [e for e in log_events if e.get("event") == "proxy_request" and e.get("request_id") == f"traced-{i}"]
+    assert access and (access[0]["trace_id"], access[0]["span_id"]) == (span.trace_id, span.span_id), access
 
     # A client trace that is not sampled stays unsampled: nothing of the sidecar's in it.
     unsampled = "5bf92f3577b34da6a3ce929d0e0e4737"
@@ -311,19 +339,14 @@ async def test_a_grpc_request_continues_the_client_s_trace_and_triton_s_spans_ne
 async def test_a_request_without_a_traceparent_starts_a_trace_that_triton_joins(receiver, traced_triton, start):
     port = free_port()
     await started_and_healthy(start, tracing_config(traced_triton, receiver.url, grpc_port=port, sample_rate=1.0))
-    code, _, _ = await _infer(f"127.0.0.1:{port}", _credit_request(3), metadata=(("x-request-id", "new-1"),))
-    assert code is grpc.StatusCode.OK
-    ours = await wait_for(lambda: receiver.find(name=INFER_SPAN, attributes={"sidecar.request_id": "new-1"}), 10,
-                          what="the sidecar's span")
-    span = ours[0]
-    assert span.parent_span_id == "" and span.trace_id != "0" * 32, span
-    try:
-        await wait_for(lambda: receiver.find(trace_id=span.trace_id, parent_span_id=span.span_id), 15,
-                       what="Triton's span under the sidecar's new trace")
-    except AssertionError as e:
-        raise AssertionError(f"{e}; in the trace: {receiver.find(trace_id=span.trace_id)}; undecoded: "
-                             f"{receiver.errors}; posts {receiver.posts}; triton: {traced_triton.log_tail(30)}"
-                             ) from None
+
+    async def send(i: int) -> str:
+        code, _, _ = await _infer(f"127.0.0.1:{port}", _credit_request(3), metadata=(("x-request-id", f"new-{i}"),))
+        assert code is grpc.StatusCode.OK
+        return f"new-{i}"
+
+    span, _ = await _triton_joins(receiver, send)
+    assert span.name == INFER_SPAN and span.parent_span_id == "" and span.trace_id != "0" * 32, span
     # At sample rate 1 probe rounds are traced too, each a trace of its own with its probes as events.
     rounds = await wait_for(lambda: receiver.find(name="probe round", attributes={"sidecar.model": "credit_risk"}),
                             10, what="a probe round's span")
@@ -349,12 +372,15 @@ async def test_a_refused_grpc_request_leaves_an_error_span_with_its_reason_and_n
     assert span.failed and span.attributes["sidecar.refusal.reason"] == "datatype", span
     assert span.status_message.startswith("[datatype] ") and "FP64" in span.status_message, span
     assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.INVALID_ARGUMENT.value[0], span
-    # A good request after it: once Triton's span for it is in, one for the refused request would be too.
-    code, _, _ = await _infer(f"127.0.0.1:{port}", _credit_request(4),
-                              metadata=(("traceparent", f"00-{after_trace}-{parent}-01"),))
-    assert code is grpc.StatusCode.OK
-    await wait_for(lambda: [s for s in receiver.find(trace_id=after_trace) if s.service != SIDECAR_SERVICE], 15,
-                   what="Triton's span of the good request")
+    # Good requests after it: once Triton's span for one is in, one for the refused request would be too.
+
+    async def send(i: int) -> str:
+        code, _, _ = await _infer(f"127.0.0.1:{port}", _credit_request(4), metadata=(
+            ("traceparent", f"00-{after_trace[:-1]}{i:x}-{parent}-01"), ("x-request-id", f"after-{i}")))
+        assert code is grpc.StatusCode.OK
+        return f"after-{i}"
+
+    await _triton_joins(receiver, send)
     assert [s.service for s in receiver.find(trace_id=refused_trace)] == [SIDECAR_SERVICE]
 
 
@@ -406,3 +432,44 @@ def test_tracing_off_imports_no_opentelemetry():
             "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# -- the configuration -----------------------------------------------------------------------------
+
+
+def test_the_standard_otel_variables_fill_the_keys_the_file_leaves_unset(tmp_path):
+    environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/", "OTEL_SERVICE_NAME": "pod-sidecar",
+               "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25",
+               "OTEL_RESOURCE_ATTRIBUTES": "k8s.pod.name=p-1,k8s.namespace.name=ns,team=ml%20ops",
+               "OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "10",
+               "OTEL_BSP_SCHEDULE_DELAY": "250", "OTEL_BSP_EXPORT_TIMEOUT": "2000"}
+    tracing = load_config(None, environ=environ).tracing
+    assert tracing.enabled and tracing.endpoint == "http://collector:4318/v1/traces"
+    assert (tracing.service_name, tracing.sample_rate, tracing.parent_based) == ("pod-sidecar", 0.25, False)
+    assert tracing.resource_attributes == {"k8s.pod.name": "p-1", "k8s.namespace.name": "ns", "team": "ml ops"}
+    assert (tracing.queue_size, tracing.batch_size, tracing.export_delay_s, tracing.export_timeout_s) == (
+        100, 10, 0.25, 2.0)
+    # The file's keys win, as an SDK's own settings win over its environment; the traces URL is taken as is.
+    path = tmp_path / "sidecar.yaml"
+    path.write_text("tracing:\n  sample_rate: 0.5\n  service_name: from-file\n")
+    tracing = load_config(path, environ={**environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/t"}).tracing
+    assert (tracing.sample_rate, tracing.service_name, tracing.endpoint) == (0.5, "from-file", "http://c:4318/t")
+    assert not load_config(None, environ={**environ, "OTEL_SDK_DISABLED": "true"}).tracing.enabled
+    assert not load_config(None, environ={**environ, "OTEL_TRACES_EXPORTER": "none"}).tracing.enabled
+    assert not load_config(None, environ={}).tracing.enabled
+
+
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({"OTEL_TRACES_SAMPLER": "sometimes"}, "environment variable OTEL_TRACES_SAMPLER: unknown sampler 'sometimes'"),
+    ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"},
+     "environment variable OTEL_TRACES_SAMPLER_ARG: must be 0..1"),
+    ({"OTEL_BSP_MAX_QUEUE_SIZE": "many"}, "environment variable OTEL_BSP_MAX_QUEUE_SIZE: must be an integer"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}, "environment variable OTEL_EXPORTER_OTLP_ENDPOINT: not an"),
+    ({"OTEL_RESOURCE_ATTRIBUTES": "k8s.pod.name"}, "environment variable OTEL_RESOURCE_ATTRIBUTES: 'k8s.pod.name'"),
+    ({"OTEL_BSP_MAX_QUEUE_SIZE": "10"}, "key 'tracing.batch_size' must not exceed tracing.queue_size"),
+    ({"SIDECAR_TRACING_ENDPOINT": "ftp://collector"}, "key 'tracing.endpoint'"),
+])
+def test_a_bad_tracing_setting_stops_the_start_with_one_line_naming_it(environ, expected):
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, environ=environ)
+    assert expected in str(refused.value) and "\n" not in str(refused.value), refused.value
