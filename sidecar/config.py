@@ -10,6 +10,7 @@ import copy
 import itertools
 import os
 import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -417,6 +418,51 @@ class LoggingSection:
     access_log_sample_rate: float = 0.01
 
 
+#: The samplers OTEL_TRACES_SAMPLER may name (the OpenTelemetry SDKs' own names), mapped to
+#: (parent_based, fixed rate or None for "the ratio in OTEL_TRACES_SAMPLER_ARG").
+OTEL_SAMPLERS: Mapping[str, tuple[bool, float | None]] = {
+    "always_on": (False, 1.0), "always_off": (False, 0.0), "traceidratio": (False, None),
+    "parentbased_always_on": (True, 1.0), "parentbased_always_off": (True, 0.0),
+    "parentbased_traceidratio": (True, None),
+}
+
+
+@dataclass(frozen=True)
+class TracingSection:
+    """Distributed tracing over OTLP/HTTP (sidecar.tracing, docs/tracing.md): probe rounds, heals and
+    gRPC requests as spans. Off while `endpoint` is empty; the OpenTelemetry SDK is imported only
+    when it is set. Keys the file and SIDECAR_TRACING_* leave unset are taken from the standard
+    OTEL_* variables, as the SDKs read them (OTEL_EXPORTER_OTLP_ENDPOINT alone turns tracing on)."""
+
+    #: The collector's OTLP/HTTP traces URL (http://collector:4318/v1/traces); "" = tracing off.
+    endpoint: str = ""
+    #: Share (0..1) of new traces kept: requests without a sampled parent, probe rounds. Every heal is
+    #: kept whatever this says (they are rare and what an on-call engineer looks for). 0.01 keeps ten
+    #: traces a second at 1,000 requests a second, and a probe round's trace every ~8 minutes per model.
+    sample_rate: float = 0.01
+    #: Follow the sampling decision of an incoming traceparent (the SDKs' parentbased_* samplers):
+    #: a client's sampled trace is continued whatever sample_rate says, an unsampled one is not.
+    parent_based: bool = True
+    #: The resource's service.name: how the sidecar's spans are labelled in the tracing backend.
+    service_name: str = "triton-sidecar"
+    #: More resource attributes (k8s.pod.name, k8s.namespace.name, deployment.environment, ...).
+    resource_attributes: Mapping[str, str] = field(default_factory=dict)
+    #: Ended spans waiting for export; when full the oldest is dropped (and counted), never a
+    #: request slowed. The SDKs' 2048 is a few seconds of spans at 1,000 sampled requests a second.
+    queue_size: int = 2048
+    #: Spans in one export request (the SDKs' 512).
+    batch_size: int = 512
+    #: Longest wait (s) before a partial batch is exported (the SDKs' 5 s).
+    export_delay_s: float = 5.0
+    #: Bound (s) on one export request to the collector, retries included (the OTLP exporters' 10 s);
+    #: it also bounds the last flush at exit.
+    export_timeout_s: float = 10.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.endpoint)
+
+
 @dataclass(frozen=True)
 class SidecarConfig:
     triton: TritonSection = field(default_factory=TritonSection)
@@ -439,6 +485,7 @@ class SidecarConfig:
     #: Version rollouts by model (hot reloaded: a config change aborts or promotes).
     rollouts: Mapping[str, RolloutSettings] = field(default_factory=dict)
     logging: LoggingSection = field(default_factory=LoggingSection)
+    tracing: TracingSection = field(default_factory=TracingSection)
     #: Where the configuration came from, for messages ("defaults" when no file was given).
     source: str = "defaults"
 
@@ -627,6 +674,17 @@ CONFIG_SCHEMA: dict[str, Any] = {
             level={"enum": ["debug", "info", "warning", "error"]},
             access_log_sample_rate=_num(minimum=0, maximum=1),
         ),
+        "tracing": _section(
+            endpoint={"type": "string", "pattern": r"^(https?://[^/\s]+(/\S*)?)?$"},
+            sample_rate=_SHARE,
+            parent_based=_BOOL,
+            service_name={"type": "string", "minLength": 1},
+            resource_attributes={"type": "object", "additionalProperties": {"type": "string"}},
+            queue_size=_int(1),
+            batch_size=_int(1),
+            export_delay_s=_POSITIVE,
+            export_timeout_s=_POSITIVE,
+        ),
     },
 }
 
@@ -648,6 +706,7 @@ def load_config(path: Path | str | None = None, environ: Mapping[str, str] | Non
     source = str(path) if path is not None else "defaults"
     raw = _read_file(Path(path)) if path is not None else {}
     raw = _apply_environment(raw, environ)
+    raw = _apply_otel_environment(raw, environ)
     _validate(raw, source)
     return _build(raw, source)
 
@@ -701,6 +760,91 @@ def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[
     return merged
 
 
+def _apply_otel_environment(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """The standard OpenTelemetry variables, read as the SDKs read them, for the `tracing` keys the
+    file and SIDECAR_TRACING_* leave unset (as an SDK's constructor arguments win over its
+    environment). A value that cannot be used stops the start naming the variable."""
+    found: dict[str, Any] = {}
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        url = environ.get(name, "").strip()
+        if not url:
+            continue
+        if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", url):
+            raise ConfigError(f"environment variable {name}: not an http:// or https:// URL: {url!r}")
+        # OTEL_EXPORTER_OTLP_ENDPOINT is the base URL of every signal: the SDKs append the signal's path.
+        found["endpoint"] = url if name == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" else url.rstrip("/") + "/v1/traces"
+        break
+    if environ.get("OTEL_SERVICE_NAME"):
+        found["service_name"] = environ["OTEL_SERVICE_NAME"].strip()
+    attributes = _otel_resource_attributes(environ.get("OTEL_RESOURCE_ATTRIBUTES", ""))
+    if "service.name" in attributes and "service_name" not in found:
+        found["service_name"] = attributes["service.name"]  # OTEL_SERVICE_NAME wins over it, as in the SDKs
+    attributes.pop("service.name", None)
+    if attributes:
+        found["resource_attributes"] = attributes
+    sampler = environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if sampler:
+        if sampler not in OTEL_SAMPLERS:
+            raise ConfigError(f"environment variable OTEL_TRACES_SAMPLER: unknown sampler {sampler!r} "
+                              f"(known here: {', '.join(OTEL_SAMPLERS)})")
+        found["parent_based"], rate = OTEL_SAMPLERS[sampler]
+        if rate is None:
+            rate = _otel_number(environ, "OTEL_TRACES_SAMPLER_ARG", 1.0, maximum=1.0)
+        found["sample_rate"] = rate
+    for key, name, scale in (("queue_size", "OTEL_BSP_MAX_QUEUE_SIZE", None),
+                             ("batch_size", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", None),
+                             ("export_delay_s", "OTEL_BSP_SCHEDULE_DELAY", 1000),
+                             ("export_timeout_s", "OTEL_BSP_EXPORT_TIMEOUT", 1000)):
+        if environ.get(name, "").strip():
+            value = _otel_number(environ, name, 0, integer=scale is None)
+            if value <= 0:
+                raise ConfigError(f"environment variable {name}: must be above 0, got {environ[name]!r}")
+            found[key] = value if scale is None else value / scale
+    # OTEL_SDK_DISABLED and OTEL_TRACES_EXPORTER=none switch the SDKs' tracing off: so they do here.
+    disabled = (environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+                or environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none")
+    if not found and not disabled:
+        return raw
+    merged = dict(raw)
+    tracing = merged.get("tracing", {})
+    if not isinstance(tracing, dict):
+        return raw  # the schema check names the wrong section type
+    merged["tracing"] = {**found, **tracing}
+    if disabled:
+        merged["tracing"]["endpoint"] = ""
+    return merged
+
+
+def _otel_resource_attributes(value: str) -> dict[str, str]:
+    """OTEL_RESOURCE_ATTRIBUTES: key=value pairs separated by commas, percent-encoded (W3C Baggage's
+    format); a pair without "=" is refused, as the variable is meant to be read whole or not at all."""
+    attributes: dict[str, str] = {}
+    for pair in value.split(","):
+        if not pair.strip():
+            continue
+        key, sep, item = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"environment variable OTEL_RESOURCE_ATTRIBUTES: {pair.strip()!r} is not key=value")
+        attributes[urllib.parse.unquote(key.strip())] = urllib.parse.unquote(item.strip())
+    return attributes
+
+
+def _otel_number(environ: Mapping[str, str], name: str, default: float, *, integer: bool = False,
+                 maximum: float | None = None) -> float:
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(f"environment variable {name}: must be {kind}, got {text!r}") from None
+    if value < 0 or (maximum is not None and value > maximum):
+        bound = f"0..{maximum:g}" if maximum is not None else "0 or more"
+        raise ConfigError(f"environment variable {name}: must be {bound}, got {text!r}")
+    return value
+
+
 def _parse_env_value(value: str) -> Any:
     # YAML scalars give "1" -> 1, "true" -> True, "0.5" -> 0.5, like the file would.
     try:
@@ -736,6 +880,10 @@ def _check_cross_field_rules(raw: dict[str, Any], source: str) -> None:
             raise ConfigError(f"{source}: key 'healing.process_fault_patterns.{i}': not a regular expression: "
                               f"{e}") from e
     _check_tls_keys(raw.get("tls", {}), raw.get("listen", {}), source)
+    tracing = raw.get("tracing", {})
+    if tracing.get("batch_size", 512) > tracing.get("queue_size", 2048):
+        raise ConfigError(f"{source}: key 'tracing.batch_size' must not exceed tracing.queue_size "
+                          "(OTEL_BSP_MAX_EXPORT_BATCH_SIZE, OTEL_BSP_MAX_QUEUE_SIZE)")
     for model, rollout in raw.get("rollouts", {}).items():
         if str(rollout["stable"]) == str(rollout["candidate"]):
             raise ConfigError(f"{source}: key 'rollouts.{model}.candidate': must differ from stable "
@@ -796,6 +944,12 @@ def _healing(raw: Mapping[str, Any]) -> HealingSection:
     return HealingSection(**values)
 
 
+def _tracing(raw: Mapping[str, Any]) -> TracingSection:
+    values = dict(raw)
+    values["resource_attributes"] = dict(values.get("resource_attributes", {}))
+    return TracingSection(**values)
+
+
 def _tls(raw: Mapping[str, Any]) -> TlsSection:
     values = dict(raw)
     values["client_allowed_sans"] = tuple(values.get("client_allowed_sans", ()))
@@ -842,6 +996,7 @@ def _build(raw: dict[str, Any], source: str) -> SidecarConfig:
         drift=_drift(raw.get("drift", {})),
         rollouts=_rollouts(raw.get("rollouts", {})),
         logging=LoggingSection(**raw.get("logging", {})),
+        tracing=_tracing(raw.get("tracing", {})),
         source=source,
     )
 

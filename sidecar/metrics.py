@@ -172,6 +172,15 @@ class SidecarMetrics:
                                       "proxy.max_shadow_in_flight were already running.", ["model"],
                                       registry=registry)
 
+        # Tracing (sidecar/tracing/otel.py): 0 while tracing.endpoint is empty
+        self.tracing_spans_exported = Counter(f"{PREFIX}_tracing_spans_exported", "Spans the collector "
+                                              "accepted.", registry=registry)
+        self.tracing_spans_dropped = Counter(f"{PREFIX}_tracing_spans_dropped", "Spans lost, by reason "
+                                             "(queue_full: tracing.queue_size spans were waiting, the oldest "
+                                             "was dropped; export_failed: the collector did not take a batch "
+                                             "within tracing.export_timeout_s). Export never waits for a "
+                                             "request, nor a request for export.", ["reason"], registry=registry)
+
         # Triton
         self.triton_up = Gauge(f"{PREFIX}_triton_up", "1 when Triton answers /v2/health/live.", registry=registry)
         self.triton_ready = Gauge(f"{PREFIX}_triton_ready", "1 when Triton answers /v2/health/ready.",

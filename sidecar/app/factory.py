@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiohttp import web
@@ -63,8 +63,13 @@ from sidecar.serving.passive_signals import HealthEvents
 from sidecar.serving.readiness import Readiness
 from sidecar.serving.request_rules import load_schemas
 from sidecar.serving.rollouts import GoldenGate
+from sidecar.serving.telemetry import GRPC
 from sidecar.states import ModelStates, Transition
+from sidecar.tracing.spans import NO_SPANS, HealthSpans
 from sidecar.upstream import UpstreamPool
+
+if TYPE_CHECKING:
+    from sidecar.tracing.otel import OtelTracing
 
 log = structlog.get_logger("sidecar.app")
 
@@ -92,6 +97,8 @@ def create_app(
     app[CONFIG] = config
     metrics = SidecarMetrics(registry or CollectorRegistry())
     app[METRICS] = metrics
+    tracing = _tracing(app, config, metrics)
+    health_spans: HealthSpans = tracing if tracing is not None else NO_SPANS
     if config.tls.enabled:  # a bad certificate, key or CA file stops the start here (TlsFileError)
         app[TLS] = ServerTls(config.tls, metrics=metrics)
         app.cleanup_ctx.append(app[TLS].watching)
@@ -117,7 +124,7 @@ def create_app(
     app[PROBER] = Prober(triton=triton, cases_for=lambda model: _probed_cases(app, model), settings=config.probes,
                          metrics=metrics, on_late_verdict=supervisors.late_verdict, clock=clock)
     app[HEALER] = Healer(triton=triton, settings=config.healing, metrics=metrics, verify=app[PROBER].verify_round,
-                         unanswered_for=app[PROBER].unanswered_for, clock=clock)
+                         unanswered_for=app[PROBER].unanswered_for, clock=clock, spans=health_spans)
     # The record is opened first among the health loop's parts: a folder that is missing stops the
     # start (ConfigError naming healing.escalation_record_file).
     app[ESCALATION] = RestartEscalation(
@@ -133,7 +140,7 @@ def create_app(
         events=HealthEvents(probe_soon=supervisors.probe_soon, stub_dead=supervisors.stub_dead,
                             triton_unreachable=app[WATCH].mark_unreachable), rules=rules, drift=drift,
         golden_gate=_golden_gate(triton, store.cases_for, lambda: app[LIVE].config.probes.timeout_s), clock=clock,
-        lifecycle=app[LIFECYCLE])
+        lifecycle=app[LIFECYCLE], spans=tracing)
     live = app[LIVE]
     app[READINESS] = Readiness(lifecycle=app[LIFECYCLE], states=states, triton=app[WATCH],
                                doubts=_health_doubts(app[LIVE], supervisors))
@@ -143,7 +150,7 @@ def create_app(
                          forget=app[SERVING].forget_model, supervisors=supervisors, clock=clock,
                          # The live requests rounds are paced by (probes.every_requests): the data
                          # plane's own counters, read by the supervisors, never per request.
-                         served=RequestCounters(metrics).served)
+                         served=RequestCounters(metrics).served, spans=health_spans)
     app[UPSTREAM_POOL] = UpstreamPool(config.triton.url, connect_timeout_s=config.proxy.connect_timeout_s)
     app[DOCUMENT_POOL] = UpstreamPool(config.triton.url, connect_timeout_s=config.proxy.connect_timeout_s,
                                       max_idle=4)
@@ -169,6 +176,26 @@ def create_app(
     add_generate_routes(app)
     return app
 
+
+
+def _tracing(app: web.Application, config: SidecarConfig, metrics: SidecarMetrics) -> OtelTracing | None:
+    """The tracer providers when tracing.endpoint is set (the SDK is imported only then), shut down at
+    exit after everything that makes spans has stopped: its cleanup is registered first, so it runs last."""
+    if not config.tracing.enabled:
+        return None
+    from sidecar.tracing.otel import start_tracing
+
+    # gRPC only for now: its front sends Triton the span's traceparent; the HTTP front joins when it
+    # does too (the Rust HTTP front, issue 32).
+    tracing = start_tracing(config.tracing, metrics=metrics, protocols=frozenset({GRPC}))
+
+    async def shut_down(app: web.Application) -> AsyncIterator[None]:
+        yield
+        # Blocking (a last export, bounded by tracing.export_timeout_s): off the event loop.
+        await asyncio.to_thread(tracing.shutdown)
+
+    app.cleanup_ctx.append(shut_down)
+    return tracing
 
 
 def _triton_client(config: SidecarConfig) -> TritonClient:

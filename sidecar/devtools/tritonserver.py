@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,7 +100,9 @@ class LocalTriton:
         restricted_repository_header: tuple[str, str] | None = None,
         log_verbose: int = 0,
         exit_timeout_s: int | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
+        """`extra_args`: more tritonserver flags, after the ones set here (e.g. `--trace-config ...`)."""
         self.model_repository = Path(model_repository)
         self.models = list(models)
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="tritonserver-"))
@@ -111,6 +113,7 @@ class LocalTriton:
         # for every model to unload, and an instance whose python stub was killed never finishes
         # unloading: without a short bound a stop after such a fault waits out the whole 30 s.
         self.exit_timeout_s = exit_timeout_s
+        self.extra_args = tuple(extra_args)
         self.log_path = self.workdir / "tritonserver.log"
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -165,6 +168,7 @@ class LocalTriton:
             key, value = self.restricted_repository_header
             cmd.append(f"--http-restricted-api=model-repository:{key}={value}")
         cmd += [f"--load-model={name}" for name in self.models]
+        cmd += self.extra_args
         return cmd
 
     def _environment(self) -> dict[str, str]:

@@ -341,7 +341,8 @@ class GrpcFront:
         async def run(payload: bytes, context: grpc.aio.ServicerContext) -> bytes:
             metadata = dict(context.invocation_metadata() or ())
             scope = self.core.request(GRPC, metadata.get("x-request-id"), metadata.get("traceparent"),
-                                      method="grpc", path=path, client=self._client_subject(context))
+                                      method="grpc", path=path, client=self._client_subject(context),
+                                      tracestate=metadata.get("tracestate"))
             passed_on: _PassedOn | None = None
             async with scope:
                 try:
@@ -367,6 +368,10 @@ class GrpcFront:
         return bound if remaining is None else max(0.001, min(bound, remaining))
 
     def _forwarded(self, context: grpc.aio.ServicerContext, ctx: RequestContext) -> tuple[tuple[str, str], ...]:
+        """The request id, and the trace context: the sidecar's span's when the request is traced (so
+        Triton's spans are its children), else the client's as it came."""
+        if ctx.upstream_trace:
+            return (("x-request-id", ctx.request_id), *ctx.upstream_trace)
         metadata = dict(context.invocation_metadata() or ())
         passed = [(key, metadata[key]) for key in FORWARDED_METADATA if key in metadata]
         return (("x-request-id", ctx.request_id), *passed)
@@ -476,9 +481,10 @@ class GrpcFront:
         core = self.core
         metadata = dict(context.invocation_metadata() or ())
         ctx = core.request(GRPC, metadata.get("x-request-id"), metadata.get("traceparent"), method="grpc",
-                           path=f"/{SERVICE}/ModelStreamInfer", client=self._client_subject(context))
-        exchange = GrpcStreamExchange(self, self.upstream_stream(metadata=self._forwarded(context, ctx)))
+                           path=f"/{SERVICE}/ModelStreamInfer", client=self._client_subject(context),
+                           tracestate=metadata.get("tracestate"))
         async with ctx:
+            exchange = GrpcStreamExchange(self, self.upstream_stream(metadata=self._forwarded(context, ctx)))
             async with core.stream(exchange, started=ctx.started) as stream:
                 await stream.open()
                 forwarding = asyncio.create_task(self._forward_requests(requests, stream, exchange, ctx),

@@ -20,10 +20,11 @@ from dataclasses import dataclass
 import structlog
 
 from sidecar.config import HealingSection
-from sidecar.health.probe_round import RoundResult
+from sidecar.health.probe_round import RoundResult, round_attributes
 from sidecar.health.triton_client import TritonClient
 from sidecar.metrics import SidecarMetrics
 from sidecar.protocol.triton_errors import TritonError, TritonUnavailable
+from sidecar.tracing.spans import NO_SPANS, HealthSpans, Span
 
 log = structlog.get_logger("sidecar.healer")
 
@@ -63,8 +64,11 @@ class Healer:
         unanswered_for: Callable[[str], float | None] = lambda model: None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
+        spans: HealthSpans = NO_SPANS,
     ) -> None:
+        """`spans`: every heal episode as a trace of its own (sidecar.tracing), its steps as children."""
         self._triton = triton
+        self._spans = spans
         self._clock = clock
         self._settings = settings
         self._metrics = metrics
@@ -151,11 +155,19 @@ class Healer:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _episode(self, model: str, cause: str, stop_if: Callable[[RoundResult], bool] | None) -> HealOutcome:
-        try:
-            return await self._attempts(model, cause, stop_if)
-        except Exception as e:  # the episode must end; a model left HEALING is never probed again
-            self._count_error(model, e, where="heal episode")
-            return self._escalate(model, f"healing stopped by an unexpected {type(e).__name__}: {e}")
+        attempts_before = self.attempts[model]
+        with self._spans.heal(model, cause) as span:
+            try:
+                outcome = await self._attempts(model, cause, stop_if, span)
+            except Exception as e:  # the episode must end; a model left HEALING is never probed again
+                self._count_error(model, e, where="heal episode")
+                outcome = self._escalate(model, f"healing stopped by an unexpected {type(e).__name__}: {e}")
+            span.set({"sidecar.heal.healed": outcome.healed, "sidecar.heal.outcome": outcome.cause,
+                      "sidecar.heal.attempts": self.attempts[model] - attempts_before,
+                      "sidecar.heal.stopped_for_restart": outcome.stopped_after is not None})
+            if not outcome.healed:
+                span.failed(outcome.cause)
+            return outcome
 
     def _count_error(self, model: str, e: Exception, *, where: str) -> None:
         """An exception no step foresaw (a bug, or an answer nobody expected): logged with its traceback
@@ -163,7 +175,8 @@ class Healer:
         self._metrics.heal_errors.labels(model=model).inc()
         log.error("heal_error", model=model, where=where, error=type(e).__name__, cause=str(e)[:300], exc_info=e)
 
-    async def _attempts(self, model: str, cause: str, stop_if: Callable[[RoundResult], bool] | None) -> HealOutcome:
+    async def _attempts(self, model: str, cause: str, stop_if: Callable[[RoundResult], bool] | None,
+                        span: Span) -> HealOutcome:
         backoff = self._settings.backoff_initial_s
         error: str | None = cause
         async with self._limit:
@@ -180,6 +193,8 @@ class Healer:
                     return HealOutcome(healed=False, cause=error, stopped_after=verified)
                 if attempt < self._settings.max_attempts:
                     log.warning("heal_retry_scheduled", model=model, attempt=attempt, backoff_s=backoff, cause=error)
+                    span.event("retry scheduled", {"sidecar.heal.attempt": attempt, "sidecar.heal.backoff_s": backoff,
+                                                   "sidecar.heal.cause": error})
                     await self._sleep(backoff)
                     backoff = min(backoff * 2, self._settings.backoff_max_s)
         return self._escalate(model, f"healing exhausted after {self._settings.max_attempts} attempts; "
@@ -209,9 +224,12 @@ class Healer:
         started = self._clock()
         log.info("heal_attempt_started", model=model, attempt=attempt)
         try:
-            await self._unload(model)
-            await self._load(model)
-            await self._check_golden(model)
+            with self._spans.heal_step("unload", model, attempt) as step:
+                step.set({"sidecar.heal.unload": await self._unload(model)})
+            with self._spans.heal_step("load", model, attempt):
+                await self._load(model)
+            with self._spans.heal_step("verify", model, attempt) as step:
+                await self._check_golden(model, step)
         except HealStepFailed as e:
             error = str(e)
         except Exception as e:  # an unforeseen failure fails this attempt; the episode goes on
@@ -231,7 +249,9 @@ class Healer:
                         duration_ms=round(duration * 1000, 1))
         return error
 
-    async def _unload(self, model: str) -> None:
+    async def _unload(self, model: str) -> str:
+        """Unload and wait until the model is gone; says how it ended (gone, not_loaded, not_awaited:
+        it never finishes, incomplete: still unloading at the bound)."""
         step = self._clock()
         try:
             await self._triton.unload_model(model, timeout_s=self._settings.unload_timeout_s)
@@ -240,7 +260,7 @@ class Healer:
             if not await self._is_gone(model):
                 raise HealStepFailed(f"unload refused: {e}") from e
             log.info("heal_unloaded", model=model, duration_ms=self._ms(step), cause="was not loaded")
-            return
+            return "not_loaded"
         log.info("heal_unload_sent", model=model, duration_ms=self._ms(step))
         deadline = self._clock() + self._settings.unload_timeout_s
         while True:
@@ -248,10 +268,10 @@ class Healer:
             hopeless = self._unload_cannot_finish(model)
             if hopeless is not None:
                 log.info("heal_unload_not_awaited", model=model, duration_ms=self._ms(step), cause=hopeless)
-                return
+                return "not_awaited"
             if await self._is_gone(model):
                 log.info("heal_unloaded", model=model, duration_ms=self._ms(step))
-                return
+                return "gone"
             if self._clock() >= deadline:
                 break
             await self._sleep(POLL_INTERVAL_S)
@@ -260,6 +280,7 @@ class Healer:
         # stuck one, so carry on rather than give up on the model.
         log.warning("heal_unload_incomplete", model=model, waited_s=self._settings.unload_timeout_s,
                     cause="still unloading (a hung execute() keeps its instance); loading anyway")
+        return "incomplete"
 
     async def _is_gone(self, model: str) -> bool:
         try:
@@ -291,9 +312,10 @@ class Healer:
     def _ms(self, since: float) -> float:
         return round((self._clock() - since) * 1000, 1)
 
-    async def _check_golden(self, model: str) -> None:
+    async def _check_golden(self, model: str, step: Span) -> None:
         result = await self._verify(model)
         self._verified[model] = result
+        step.set(round_attributes(result))
         if not result.ok:
             raise HealStepFailed(f"reloaded, but {result.cause}")
         log.info("heal_verified", model=model, duration_ms=round(result.duration_s * 1000, 1))

@@ -105,6 +105,26 @@ class RoundResult:
         return f"{where}: {failed.detail}"
 
 
+def round_attributes(result: RoundResult) -> dict[str, str | bool | int]:
+    """A round's outcome as span attributes (sidecar.tracing): a probe round's span, a heal's verify."""
+    return {"sidecar.probe.ok": result.ok, "sidecar.probe.conclusive": result.conclusive,
+            "sidecar.probe.result": result.cause, "sidecar.probe.cases": sum(1 for r in result.results if r.case)}
+
+
+def probe_events(result: RoundResult) -> list[tuple[str, dict[str, str | bool | float]]]:
+    """Each probe of a round as a span event: what was asked, whether it passed, how long it took."""
+    events = []
+    for probe in result.results:
+        attributes: dict[str, str | bool | float] = {"sidecar.probe.ok": probe.ok,
+                                                     "sidecar.probe.duration_ms": round(probe.duration_s * 1000, 2)}
+        if probe.case:
+            attributes["sidecar.probe.case"] = probe.case
+        if probe.detail:
+            attributes["sidecar.probe.detail"] = probe.detail[:300]
+        events.append((probe.probe, attributes))
+    return events
+
+
 class _Timer:
     def __init__(self) -> None:
         self.start = time.perf_counter()

@@ -43,7 +43,7 @@ RELOAD_POLL_S = 1.0
 #: themselves are watched by sidecar.fronts.tls), the Triton client, the proxy's connection
 #: pool and breakers, the logging setup, and the watched directory itself. A change is logged as
 #: needing a restart and the running value is kept.
-RESTART_ONLY = frozenset({"triton", "listen", "tls", "golden_dir", "proxy", "logging"})
+RESTART_ONLY = frozenset({"triton", "listen", "tls", "golden_dir", "proxy", "logging", "tracing"})
 
 
 #: One file as last seen: name, and the device, inode, mtime (ns) and size of what it resolves to.

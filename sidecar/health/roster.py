@@ -31,6 +31,7 @@ from sidecar.health.triton_client import TritonClient
 from sidecar.metrics import SidecarMetrics
 from sidecar.protocol.triton_errors import TritonError, TritonUnavailable
 from sidecar.states import ModelState, ModelStates
+from sidecar.tracing.spans import NO_SPANS, HealthSpans
 
 log = structlog.get_logger("sidecar.roster")
 
@@ -57,9 +58,12 @@ class Roster:
         supervisors: Supervisors,
         clock: Callable[[], float] = time.monotonic,
         served: ServedRequests | None = None,
+        spans: HealthSpans = NO_SPANS,
     ) -> None:
         """`served`: the data plane's live requests per model and version, for rounds paced by
-        traffic (probes.every_requests); None counts none."""
+        traffic (probes.every_requests); None counts none. `spans`: the supervisors' probe rounds as
+        traces (sidecar.tracing)."""
+        self._spans = spans
         self._triton = triton
         self._states = states
         self._prober = prober
@@ -157,7 +161,7 @@ class Roster:
         supervisor = ModelSupervisor(model, states=self._states, prober=self._prober, healer=self._healer,
                                      escalation=self._escalation, triton=self._triton, metrics=self._metrics,
                                      config=self._config, cases_for=self._cases_for, clock=self._clock,
-                                     served=self._served)
+                                     served=self._served, spans=self._spans)
         self.supervisors.add(supervisor)
         self._tasks[model] = asyncio.create_task(self._supervised(supervisor), name=f"supervisor:{model}")
 

@@ -40,7 +40,7 @@ from sidecar.golden.cases import GoldenCase
 from sidecar.health.escalation import RestartEscalation
 from sidecar.health.fault_scope import Failure, Verdict, judge_after_reload
 from sidecar.health.healer import Healer, HealOutcome
-from sidecar.health.probe_round import RoundResult
+from sidecar.health.probe_round import RoundResult, probe_events, round_attributes
 from sidecar.health.prober import Prober
 from sidecar.health.tasks import CrashRecord
 from sidecar.health.traffic_pace import ServedRequests, TrafficCount
@@ -48,6 +48,7 @@ from sidecar.health.triton_client import TritonClient
 from sidecar.metrics import SidecarMetrics
 from sidecar.protocol.triton_errors import StubUnhealthy, TritonError, TritonUnavailable
 from sidecar.states import ModelHealth, ModelState, ModelStates
+from sidecar.tracing.spans import NO_SPANS, HealthSpans
 
 log = structlog.get_logger("sidecar.probes")
 
@@ -106,8 +107,12 @@ class ModelSupervisor:
         clock: Callable[[], float],
         rng: random.Random | None = None,
         served: ServedRequests | None = None,
+        spans: HealthSpans = NO_SPANS,
     ) -> None:
+        """`spans`: each probe round as a trace (sampled by tracing.sample_rate): the round and its
+        verdict, with the state change and log events it causes inside the span."""
         self.model = model
+        self._spans = spans
         self._states = states
         self._prober = prober
         self._healer = healer
@@ -256,7 +261,14 @@ class ModelSupervisor:
             return None
         if not (self._health().state is ModelState.UNHEALTHY and self._healer.allowed):
             self._round_begins(cause)
-            self.apply_round(await self._prober.run_round(self.model))
+            with self._spans.probe_round(self.model, cause) as span:
+                result = await self._prober.run_round(self.model)
+                span.set(round_attributes(result))
+                for name, attributes in probe_events(result):
+                    span.event(name, attributes)
+                if not result.ok:
+                    span.failed(result.cause)
+                self.apply_round(result)
         if self._health().state is not ModelState.UNHEALTHY or not self._healer.allowed:
             return None
         if self._awaits_restart():

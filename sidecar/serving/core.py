@@ -43,6 +43,7 @@ from sidecar.serving.streaming import EventT, OpenStream, StreamExchange
 from sidecar.serving.telemetry import RequestContext, RequestTelemetry
 from sidecar.serving.validation import CheckedRequest, Limits, ModelSpec
 from sidecar.states import ModelStates
+from sidecar.tracing.spans import RequestSpans
 
 AnswerT = TypeVar("AnswerT")
 PairT = TypeVar("PairT")
@@ -124,7 +125,7 @@ class ServingCore:
                  events: HealthEvents, rules: Mapping[str, RequestRules] | None = None,
                  drift: DriftMonitor | None = None, golden_gate: GoldenGate | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 lifecycle: Lifecycle | None = None) -> None:
+                 lifecycle: Lifecycle | None = None, spans: RequestSpans | None = None) -> None:
         self.config = config
         self.settings = config.proxy
         self.metrics = metrics
@@ -144,7 +145,7 @@ class ServingCore:
             config.drift, {}, count_nan=not config.validation.reject_non_finite)
         #: In-flight accounting for the drain on SIGTERM (the app's, shared with /readyz).
         self.lifecycle = lifecycle if lifecycle is not None else Lifecycle()
-        self.requests = RequestWrapper(telemetry=self.telemetry, lifecycle=self.lifecycle)
+        self.requests = RequestWrapper(telemetry=self.telemetry, lifecycle=self.lifecycle, spans=spans)
         #: `async with core.request(protocol, request_id, traceparent, method=..., path=...) as scope`:
         #: the outer part of every request on every front (sidecar.serving.request).
         self.request = self.requests.open

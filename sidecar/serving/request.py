@@ -33,6 +33,7 @@ import structlog
 from sidecar.serving.lifecycle import Lifecycle
 from sidecar.serving.refusals import Reason, Refusal
 from sidecar.serving.telemetry import HTTP, RequestContext, RequestTelemetry, trace_id
+from sidecar.tracing.spans import RequestSpans
 
 log = structlog.get_logger("sidecar.proxy")
 
@@ -57,7 +58,11 @@ class RequestScope(RequestContext):
     async def __aenter__(self) -> RequestScope:
         assert self.wrapper is not None
         self.wrapper.lifecycle.request_started()
-        self._tokens = structlog.contextvars.bind_contextvars(request_id=self.request_id, trace_id=self.trace_id)
+        if self.span_id:
+            self._tokens = structlog.contextvars.bind_contextvars(request_id=self.request_id, trace_id=self.trace_id,
+                                                                  span_id=self.span_id)
+        else:
+            self._tokens = structlog.contextvars.bind_contextvars(request_id=self.request_id, trace_id=self.trace_id)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -88,16 +93,24 @@ class RequestScope(RequestContext):
 class RequestWrapper:
     """Opens request scopes for every front of one sidecar: shared telemetry and drain accounting."""
 
-    def __init__(self, *, telemetry: RequestTelemetry, lifecycle: Lifecycle) -> None:
+    def __init__(self, *, telemetry: RequestTelemetry, lifecycle: Lifecycle, spans: RequestSpans | None = None
+                 ) -> None:
         self.telemetry = telemetry
         self.lifecycle = lifecycle
+        #: One server span per request of `spans.protocols` (sidecar.tracing); None: tracing off.
+        self.spans = spans
 
     def open(self, protocol: str, request_id: str | None, traceparent: str | None, *, method: str,
-             path: str, client: str = "") -> RequestScope:
+             path: str, client: str = "", tracestate: str | None = None) -> RequestScope:
         """The request's scope: the client's X-Request-ID when it is sane, else a new one. `client`: the
-        subject of a mutual-TLS client certificate, for the access log."""
-        return RequestScope(protocol, self.telemetry.request_id(request_id), trace_id(traceparent), client=client,
-                            method=method, path=path, wrapper=self)
+        subject of a mutual-TLS client certificate, for the access log. With tracing on, the request's
+        span starts here, continuing the client's `traceparent` and `tracestate`."""
+        scope = RequestScope(protocol, self.telemetry.request_id(request_id), trace_id(traceparent), client=client,
+                             method=method, path=path, wrapper=self)
+        spans = self.spans
+        if spans is not None and protocol in spans.protocols:
+            spans.start(scope, traceparent, tracestate, name=path)
+        return scope
 
     def refuse_at_once(self, protocol: str, refusal: Refusal, *, method: str, path: str, label: str,
                        request_id: str | None = None, traceparent: str | None = None,
@@ -144,6 +157,12 @@ class RequestWrapper:
         code = scope.code or _OK.get(scope.protocol, "OK")
         failed = bool(scope.reason) or (code[:1] in "45" if scope.protocol == HTTP else code != "OK")
         self.telemetry.finish(scope, code, method=scope.method, path=scope.path, reason=scope.reason, failed=failed)
+        if scope.span is not None:
+            assert self.spans is not None
+            refusal = scope.refusal
+            self.spans.end(scope, code=code, reason=scope.reason, failed=failed,
+                           description=f"[{scope.reason}] {refusal.message}" if refusal is not None
+                           else scope.reason or code)
 
     @staticmethod
     def code_of(scope: RequestScope, reason: Reason) -> str:

@@ -48,6 +48,11 @@ class RequestContext:
     started: float = field(default_factory=time.perf_counter)
     #: What the front answered: HTTP status or gRPC status code name; "" until the answer begins.
     code: str = ""
+    #: The request's sampled server span (sidecar.tracing), its id in hex, and the traceparent and
+    #: tracestate Triton is sent so that its spans are the span's children; unset without tracing.
+    span: Any = None
+    span_id: str = ""
+    upstream_trace: tuple[tuple[str, str], ...] = ()
 
     def answered(self, code: int | str) -> None:
         """The front's answer has begun with this HTTP status or gRPC code name (a stream calls it

@@ -1,0 +1,109 @@
+"""What the health loop and the serving core ask of tracing, without the OpenTelemetry SDK.
+
+The health loop makes its spans through `HealthSpans` (probe rounds, heals and their steps); with
+tracing off it is handed `NO_SPANS`, whose spans do nothing. The serving core asks `RequestSpans` for
+one server span per request; with tracing off it holds None and pays one attribute check per request.
+Nothing here imports opentelemetry: only `sidecar.tracing.otel` does, and only when tracing is on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol
+
+#: What a span attribute may hold (OpenTelemetry's primitive attribute values).
+AttributeValue = str | bool | int | float
+
+Attributes = Mapping[str, AttributeValue]
+
+
+class Span(Protocol):
+    """One span, as the health loop writes to it."""
+
+    def set(self, attributes: Attributes) -> None:
+        """Attributes known only as the work goes on (an outcome, a count)."""
+
+    def failed(self, description: str) -> None:
+        """The span's status is an error, with what went wrong."""
+
+    def event(self, name: str, attributes: Attributes) -> None:
+        """A moment inside the span (a probe's result, a retry scheduled)."""
+
+
+class HealthSpans(Protocol):
+    """The health loop's traces: probe rounds (sampled by tracing.sample_rate) and heals (every one,
+    a trace of its own, with a child span per step). Each span is current while its block runs, and
+    the log events inside it carry its trace_id and span_id."""
+
+    def probe_round(self, model: str, cause: str) -> AbstractContextManager[Span]:
+        """A probe round of `model`, started for `cause` (time, traffic, confirmation, event)."""
+
+    def heal(self, model: str, cause: str) -> AbstractContextManager[Span]:
+        """A heal episode: a new trace, always sampled, whatever the current context is."""
+
+    def heal_step(self, step: str, model: str, attempt: int) -> AbstractContextManager[Span]:
+        """One step of a heal attempt (unload, load, verify), a child of the episode's span.
+        An exception leaving the block marks the span failed with its message, and goes on."""
+
+
+class TracedRequest(Protocol):
+    """What a request span reads and writes of the request (sidecar.serving.telemetry.RequestContext)."""
+
+    protocol: str
+    request_id: str
+    trace_id: str
+    label: str
+    span: Any
+    span_id: str
+    upstream_trace: tuple[tuple[str, str], ...]
+
+
+class RequestSpans(Protocol):
+    """One server span per request, for the protocols whose front forwards the span's traceparent."""
+
+    #: The protocols traced (the request scope checks this once per request).
+    protocols: frozenset[str]
+
+    def start(self, scope: TracedRequest, traceparent: str | None, tracestate: str | None, *, name: str) -> None:
+        """Start the request's span (`name`: the RPC's path), a child of the client's context when it
+        sent one. When the span is sampled, set `scope.span`, `scope.trace_id`, `scope.span_id` and
+        `scope.upstream_trace` (the traceparent and tracestate that make Triton's spans its children)."""
+
+    def end(self, scope: TracedRequest, *, code: str, reason: str, failed: bool, description: str) -> None:
+        """End `scope.span` with the request's outcome (model, status, refusal reason)."""
+
+
+class _NoSpan:
+    def set(self, attributes: Attributes) -> None:
+        pass
+
+    def failed(self, description: str) -> None:
+        pass
+
+    def event(self, name: str, attributes: Attributes) -> None:
+        pass
+
+
+NO_SPAN = _NoSpan()
+
+
+@contextmanager
+def _no_span() -> Iterator[Span]:
+    yield NO_SPAN
+
+
+class NoSpans:
+    """Tracing off: every span is NO_SPAN, and nothing is recorded or imported."""
+
+    def probe_round(self, model: str, cause: str) -> AbstractContextManager[Span]:
+        return _no_span()
+
+    def heal(self, model: str, cause: str) -> AbstractContextManager[Span]:
+        return _no_span()
+
+    def heal_step(self, step: str, model: str, attempt: int) -> AbstractContextManager[Span]:
+        return _no_span()
+
+
+NO_SPANS: HealthSpans = NoSpans()

@@ -1,0 +1,475 @@
+"""Distributed tracing against real components: a real Triton exporting its own OpenTelemetry spans and
+the sidecar exporting its spans, both to one OTLP/HTTP receiver that decodes what arrives with the
+official definitions (opentelemetry-proto): protobuf from the sidecar's SDK, JSON from Triton 2.51."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import structlog
+from aiohttp import web
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
+from tritonclient.grpc import service_pb2 as pb
+
+from sidecar.config import ConfigError, load_config
+from sidecar.devtools.tritonserver import LocalTriton, free_port
+from sidecar.fronts.grpc_server import SERVICE
+from sidecar.logs import configure_logging
+from sidecar.states import ModelState
+from tests.conftest import EXAMPLE_MODELS, _repository_copy
+from tests.harness import FreshModel, stop_sidecar, wait_for
+from tests.proxy_support import features, proxy_config, started_and_healthy
+
+SIDECAR_SERVICE = "triton-sidecar"
+
+#: Spans leave the sidecar within this after they end (tracing.export_delay_s below), and Triton posts
+#: each span at once (bsp_max_export_batch_size=1): what a test waits on top of the event itself.
+EXPORT_DELAY_S = 0.2
+
+#: gRPC ModelInfer's span name: the RPC's full name, as OpenTelemetry's RPC conventions say.
+INFER_SPAN = f"{SERVICE}/ModelInfer"
+
+
+@dataclass(frozen=True)
+class ReceivedSpan:
+    service: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    name: str
+    attributes: dict[str, Any]
+    status_code: int
+    status_message: str
+    events: tuple[str, ...]
+
+    @property
+    def failed(self) -> bool:
+        return self.status_code == trace_pb2.Status.STATUS_CODE_ERROR
+
+
+def _value(value: common_pb2.AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    return getattr(value, kind) if kind else None
+
+
+#: OTLP/JSON writes trace and span ids in hex, where protobuf's JSON mapping expects base64.
+_ID_KEYS = ("traceId", "spanId", "parentSpanId")
+
+
+def _hex_ids_to_base64(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: (base64.b64encode(bytes.fromhex(v)).decode() if k in _ID_KEYS and v else _hex_ids_to_base64(v))
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_hex_ids_to_base64(v) for v in node]
+    return node
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP traces receiver (POST /v1/traces) on a loopback port, in a thread of its own so that
+    the Triton started before any test's event loop can post to it for the whole module."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.spans: list[ReceivedSpan] = []
+        self.posts: dict[str, int] = {"protobuf": 0, "json": 0}
+        #: Bodies that did not decode: each is a test failure (`assert not receiver.errors`).
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="otlp-receiver", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/traces"
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/traces", self._traces)
+        self._runner = web.AppRunner(app)
+        self._loop.run_until_complete(self._runner.setup())
+        self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+        self._started.set()
+        self._loop.run_forever()
+
+    def start(self) -> OtlpReceiver:
+        self._thread.start()
+        assert self._started.wait(10), "the OTLP receiver did not start"
+        return self
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    async def _traces(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        export = trace_service_pb2.ExportTraceServiceRequest()
+        kind = "json" if request.content_type == "application/json" else "protobuf"
+        try:
+            if kind == "json":
+                json_format.ParseDict(_hex_ids_to_base64(json.loads(body)), export, ignore_unknown_fields=True)
+            else:
+                export.ParseFromString(body)
+        except Exception as e:
+            with self._lock:
+                self.errors.append(f"{kind}: {type(e).__name__}: {e}: {body[:300]!r}")
+            return web.Response(status=400, text=str(e))
+        received = []
+        for resource_spans in export.resource_spans:
+            resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    received.append(ReceivedSpan(
+                        service=str(resource.get("service.name", "")), trace_id=span.trace_id.hex(),
+                        span_id=span.span_id.hex(), parent_span_id=span.parent_span_id.hex(), name=span.name,
+                        attributes={a.key: _value(a.value) for a in span.attributes},
+                        status_code=span.status.code, status_message=span.status.message,
+                        events=tuple(e.name for e in span.events)))
+        with self._lock:
+            self.posts[kind] += 1
+            self.spans.extend(received)
+        answer = trace_service_pb2.ExportTraceServiceResponse()
+        if kind == "json":
+            return web.json_response({})
+        return web.Response(body=answer.SerializeToString(), content_type="application/x-protobuf")
+
+    def find(self, **match: Any) -> list[ReceivedSpan]:
+        """Spans whose fields equal `match`; `attributes` matches a subset of the span's attributes."""
+        wanted_attributes = match.pop("attributes", {})
+        with self._lock:
+            spans = list(self.spans)
+        return [s for s in spans if all(getattr(s, k) == v for k, v in match.items())
+                and all(s.attributes.get(k) == v for k, v in wanted_attributes.items())]
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OtlpReceiver]:
+    server = OtlpReceiver().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def traced_triton(receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
+    """A Triton of this module's own that exports its spans into the receiver, each posted at once. It
+    traces the requests that carry a traceparent (whatever the rate) and, at rate 1,000,000, almost
+    none other: the golden requests the probes send every half second would otherwise keep Triton's
+    exporter busy and delay the spans a test waits for by seconds."""
+    root = tmp_path_factory.mktemp("traced-triton")
+    trace_flags = ["mode=opentelemetry", f"opentelemetry,url=127.0.0.1:{receiver.port}/v1/traces",
+                   "opentelemetry,bsp_max_export_batch_size=1", "level=TIMESTAMPS", "rate=1000000"]
+    server = LocalTriton(model_repository=_repository_copy(root), models=EXAMPLE_MODELS, workdir=root / "work",
+                         extra_args=[arg for flag in trace_flags for arg in ("--trace-config", flag)])
+    server.start()
+    yield server
+    server.stop(grace_s=3)
+
+
+def tracing_config(triton: LocalTriton, endpoint: str, *, models: list[str] | None = None,
+                   golden_dir: Path | None = None, grpc_port: int = 0, **tracing: Any):  # type: ignore[no-untyped-def]
+    """The proxy config of the tests, with a gRPC port, every request in the access log, and the tracing
+    section pointed at `endpoint`."""
+    sections: dict[str, Any] = {} if golden_dir is None else {"golden_dir": golden_dir}
+    config = proxy_config(triton, models=models, logging={"access_log_sample_rate": 1.0}, **sections)
+    base = load_config(None, environ={}).tracing
+    return replace(config, listen=replace(config.listen, grpc_port=grpc_port),
+                   tracing=replace(base, endpoint=endpoint, export_delay_s=EXPORT_DELAY_S, **tracing))
+
+
+async def _infer(target: str, request: pb.ModelInferRequest, metadata: tuple[tuple[str, str], ...] = ()
+                 ) -> tuple[grpc.StatusCode, dict[str, str], bytes]:
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = channel.unary_unary(f"/{SERVICE}/ModelInfer")(request.SerializeToString(), timeout=10,
+                                                               metadata=metadata)
+        try:
+            answer = await call
+            return grpc.StatusCode.OK, dict(await call.trailing_metadata() or ()), answer
+        except grpc.aio.AioRpcError as e:
+            return e.code(), dict(e.trailing_metadata() or ()), b""
+
+
+def _credit_request(seed: int = 0) -> pb.ModelInferRequest:
+    x = features(rows=1, seed=seed)
+    tensor = pb.ModelInferRequest.InferInputTensor(name="features", datatype="FP32", shape=list(x.shape))
+    return pb.ModelInferRequest(model_name="credit_risk", inputs=[tensor], raw_input_contents=[x.tobytes()])
+
+
+#: Triton 2.51 now and then exports no span at all for a traced gRPC request: sent straight to Triton (no
+#: sidecar), 3 of 30 requests, each on a new channel with a sampled traceparent, had none after 4 s
+#: (Triton's log says nothing). A test that needs Triton's span sends up to this many requests, each in a
+#: trace of its own, and judges the first one Triton exported.
+TRITON_TRIES = 5
+
+
+async def _triton_joins(receiver: OtlpReceiver, send: Any) -> tuple[ReceivedSpan, list[ReceivedSpan]]:
+    """`await send(i)` sends request i (x-request-id `send`'s own) and returns that request id. Returns
+    the sidecar's span of the first request Triton exported a span for, and Triton's spans under it."""
+    for i in range(TRITON_TRIES):
+        request_id = await send(i)
+        ours = await wait_for(lambda r=request_id: receiver.find(service=SIDECAR_SERVICE,
+                                                                 attributes={"sidecar.request_id": r}),
+                              10, what=f"the sidecar's span of {request_id}")
+        assert len(ours) == 1, ours
+        try:
+            theirs = await wait_for(lambda o=ours[0]: receiver.find(trace_id=o.trace_id, parent_span_id=o.span_id),
+                                    5, what="Triton's span under the sidecar's")
+        except AssertionError:
+            continue
+        assert all(s.service != SIDECAR_SERVICE for s in theirs), theirs
+        return ours[0], theirs
+    raise AssertionError(f"Triton exported no span under the sidecar's in {TRITON_TRIES} traces; "
+                         f"undecoded posts: {receiver.errors}")
+
+
+@pytest.fixture
+def log_events() -> Iterator[list[dict[str, Any]]]:
+    """Every log event as the sidecar writes it, its context variables (request, trace and span ids)
+    merged in as in production (structlog.testing.capture_logs would leave them out)."""
+    events: list[dict[str, Any]] = []
+
+    def keep(logger: Any, method: str, event: dict[str, Any]) -> Any:
+        events.append(dict(event))
+        raise structlog.DropEvent
+
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars, keep])
+    yield events
+    configure_logging()
+
+
+@pytest.mark.fault
+async def test_a_real_nan_fault_is_healed_in_a_trace_of_its_own_with_its_unload_load_and_verify_steps(
+        receiver, traced_triton, tmp_path, start, log_events):
+    model = FreshModel.create(traced_triton, tmp_path)
+    try:
+        # sample_rate 0: no probe round is traced, and still every heal is.
+        sidecar = await start(tracing_config(traced_triton, receiver.url, models=[model.name],
+                                             golden_dir=model.golden_dir, sample_rate=0.0))
+        await wait_for(lambda: sidecar.state(model.name) is ModelState.HEALTHY, 30, what="HEALTHY")
+        model.inject("nan")
+        await wait_for(lambda: sidecar.metric("triton_sidecar_heal_attempts_total", model=model.name,
+                                              result="success"), 60, what="the heal")
+        heals = await wait_for(lambda: receiver.find(name="heal", attributes={"sidecar.model": model.name}),
+                               10, what="the heal's span")
+    finally:
+        model.remove()
+    heal = heals[0]
+    assert len(heals) == 1, heals
+    assert heal.service == SIDECAR_SERVICE and heal.parent_span_id == "", heal
+    assert heal.attributes["sidecar.heal.healed"] is True and heal.attributes["sidecar.heal.attempts"] == 1, heal
+    assert heal.attributes["sidecar.heal.cause"].startswith("golden case "), heal  # the round that failed
+    assert not heal.failed, heal
+    steps = await wait_for(lambda: len(found := receiver.find(trace_id=heal.trace_id, parent_span_id=heal.span_id))
+                           >= 3 and found, 10, what="the heal's three steps")
+    assert [s.name for s in steps] == ["unload", "load", "verify"], steps
+    assert all(s.attributes["sidecar.heal.attempt"] == 1 and not s.failed for s in steps), steps
+    verify = steps[2]
+    assert verify.attributes["sidecar.probe.ok"] is True and verify.attributes["sidecar.probe.cases"] >= 1, verify
+    # No probe round was traced at sample rate 0.
+    assert not receiver.find(name="probe round", attributes={"sidecar.model": model.name})
+    # The heal's log events carry its trace id, and each step's events that step's span id.
+    heal_logs = [e for e in log_events if e.get("model") == model.name and str(e["event"]).startswith("heal_")]
+    assert heal_logs and all(e.get("trace_id") == heal.trace_id for e in heal_logs), heal_logs
+    unloaded = [e for e in heal_logs if e["event"] in ("heal_unloaded", "heal_unload_not_awaited")]
+    assert unloaded and unloaded[0]["span_id"] == steps[0].span_id, unloaded
+    verified = [e for e in heal_logs if e["event"] == "heal_verified"]
+    assert verified and verified[0]["span_id"] == verify.span_id, verified
+
+
+async def test_a_grpc_request_continues_the_client_s_trace_and_triton_s_spans_nest_under_the_sidecar_s(
+        receiver, traced_triton, start, log_events):
+    port = free_port()
+    # sample_rate 0 and parent-based: only the client's sampled traces are kept.
+    sidecar = await started_and_healthy(start, tracing_config(traced_triton, receiver.url, grpc_port=port,
+                                                              sample_rate=0.0))
+    client_span = "00f067aa0ba902b7"
+
+    def client_trace(i: int) -> str:
+        return f"{i:x}bf92f3577b34da6a3ce929d0e0e4736"
+
+    async def send(i: int) -> str:
+        code, _, answer = await _infer(f"127.0.0.1:{port}", _credit_request(), metadata=(
+            ("traceparent", f"00-{client_trace(i)}-{client_span}-01"), ("tracestate", "vendor=kept"),
+            ("x-request-id", f"traced-{i}")))
+        assert code is grpc.StatusCode.OK and pb.ModelInferResponse.FromString(answer).model_name == "credit_risk"
+        return f"traced-{i}"
+
+    span, _ = await _triton_joins(receiver, send)
+    i = int(span.attributes["sidecar.request_id"].split("-")[1])
+    assert (span.trace_id, span.name, span.parent_span_id) == (client_trace(i), INFER_SPAN, client_span), span
+    assert span.attributes["sidecar.model"] == "credit_risk", span
+    assert span.attributes["rpc.grpc.status_code"] == 0 and span.attributes["sidecar.status"] == "OK", span
+    assert not span.failed, span
+    assert receiver.posts["json"] >= 1 and receiver.posts["protobuf"] >= 1, receiver.posts
+    # The access log line of the request names the trace and the sidecar's span.
+    access = [e for e in log_events if e.get("event") == "proxy_request" and e.get("request_id") == f"traced-{i}"]
+    assert access and (access[0]["trace_id"], access[0]["span_id"]) == (span.trace_id, span.span_id), access
+
+    # A client trace that is not sampled stays unsampled: nothing of the sidecar's in it.
+    unsampled = "5bf92f3577b34da6a3ce929d0e0e4737"
+    code, _, _ = await _infer(f"127.0.0.1:{port}", _credit_request(1),
+                              metadata=(("traceparent", f"00-{unsampled}-{client_span}-00"),))
+    assert code is grpc.StatusCode.OK
+    # Ordered after it: a sampled request's span; once it is in, the unsampled one's would be too.
+    last = "6bf92f3577b34da6a3ce929d0e0e4738"
+    await _infer(f"127.0.0.1:{port}", _credit_request(2), metadata=(("traceparent", f"00-{last}-{client_span}-01"),))
+    await wait_for(lambda: receiver.find(trace_id=last, service=SIDECAR_SERVICE), 10, what="the last span")
+    assert not receiver.find(trace_id=unsampled, service=SIDECAR_SERVICE)
+    assert sidecar.metric("triton_sidecar_tracing_spans_dropped_total", reason="queue_full") == 0
+
+
+async def test_a_request_without_a_traceparent_starts_a_trace_that_triton_joins(receiver, traced_triton, start):
+    port = free_port()
+    await started_and_healthy(start, tracing_config(traced_triton, receiver.url, grpc_port=port, sample_rate=1.0))
+
+    async def send(i: int) -> str:
+        code, _, _ = await _infer(f"127.0.0.1:{port}", _credit_request(3), metadata=(("x-request-id", f"new-{i}"),))
+        assert code is grpc.StatusCode.OK
+        return f"new-{i}"
+
+    span, _ = await _triton_joins(receiver, send)
+    assert span.name == INFER_SPAN and span.parent_span_id == "" and span.trace_id != "0" * 32, span
+    # At sample rate 1 probe rounds are traced too, each a trace of its own with its probes as events.
+    rounds = await wait_for(lambda: receiver.find(name="probe round", attributes={"sidecar.model": "credit_risk"}),
+                            10, what="a probe round's span")
+    passed = [r for r in rounds if r.attributes["sidecar.probe.ok"] is True and not r.failed]
+    assert passed and all(r.parent_span_id == "" for r in rounds), rounds
+    assert {"server_ready", "model_ready", "metadata", "golden"} <= set(passed[0].events), passed[0]
+
+
+async def test_a_refused_grpc_request_leaves_an_error_span_with_its_reason_and_never_reaches_triton(
+        receiver, traced_triton, start):
+    port = free_port()
+    await started_and_healthy(start, tracing_config(traced_triton, receiver.url, grpc_port=port, sample_rate=0.0))
+    refused_trace, after_trace, parent = ("7bf92f3577b34da6a3ce929d0e0e4739", "8bf92f3577b34da6a3ce929d0e0e473a",
+                                          "00f067aa0ba902b7")
+    bad = pb.ModelInferRequest(model_name="credit_risk", inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="features", datatype="FP64", shape=[1, 128], contents=pb.InferTensorContents(fp64_contents=[0.5] * 128))])
+    code, trailing, _ = await _infer(f"127.0.0.1:{port}", bad,
+                                     metadata=(("traceparent", f"00-{refused_trace}-{parent}-01"),))
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and trailing["x-sidecar-reason"] == "datatype"
+    spans = await wait_for(lambda: receiver.find(trace_id=refused_trace), 10, what="the refused request's span")
+    span = spans[0]
+    assert span.service == SIDECAR_SERVICE and span.name == INFER_SPAN and span.parent_span_id == parent, span
+    assert span.failed and span.attributes["sidecar.refusal.reason"] == "datatype", span
+    assert span.status_message.startswith("[datatype] ") and "FP64" in span.status_message, span
+    assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.INVALID_ARGUMENT.value[0], span
+    # Good requests after it: once Triton's span for one is in, one for the refused request would be too.
+
+    async def send(i: int) -> str:
+        code, _, _ = await _infer(f"127.0.0.1:{port}", _credit_request(4), metadata=(
+            ("traceparent", f"00-{after_trace[:-1]}{i:x}-{parent}-01"), ("x-request-id", f"after-{i}")))
+        assert code is grpc.StatusCode.OK
+        return f"after-{i}"
+
+    await _triton_joins(receiver, send)
+    assert [s.service for s in receiver.find(trace_id=refused_trace)] == [SIDECAR_SERVICE]
+
+
+async def test_with_the_collector_down_or_hung_answers_and_latency_do_not_change_and_lost_spans_are_counted(
+        triton, start, sidecars):
+    """Down: nothing listens (each export fails at once). Hung: a socket that takes the connection and
+    never answers, so each export waits its whole bound while spans keep coming."""
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(64)
+    try:
+        for endpoint in (f"http://127.0.0.1:{free_port()}/v1/traces",
+                         f"http://127.0.0.1:{hung.getsockname()[1]}/v1/traces"):
+            port = free_port()
+            config = tracing_config(triton, endpoint, grpc_port=port, sample_rate=1.0, queue_size=4, batch_size=2,
+                                    export_timeout_s=1.0)
+            sidecar = await started_and_healthy(start, config)
+            answers, slowest = set(), 0.0
+            for _ in range(40):
+                sent = time.monotonic()
+                code, _, answer = await _infer(f"127.0.0.1:{port}", _credit_request(5))
+                slowest = max(slowest, time.monotonic() - sent)
+                assert code is grpc.StatusCode.OK
+                answers.add(bytes(pb.ModelInferResponse.FromString(answer).raw_output_contents[0]))
+            assert len(answers) == 1, "the same request got different answers"
+            # A request that waited for an export would take its whole bound (1 s).
+            assert slowest < 0.5, f"{endpoint}: a request took {slowest:.2f} s"
+
+            def lost(reason: str, running=sidecar) -> float:  # type: ignore[no-untyped-def]
+                return running.metric("triton_sidecar_tracing_spans_dropped_total", reason=reason) or 0
+
+            await wait_for(lambda: lost("export_failed") >= 1, 10, what=f"{endpoint}: failed exports counted")
+            assert sidecar.metric("triton_sidecar_tracing_spans_exported_total") == 0
+            if endpoint.endswith(f":{hung.getsockname()[1]}/v1/traces"):
+                # 40 requests and their probe rounds in 1 s of a hung export: the queue of 4 overflowed.
+                assert lost("queue_full") >= 10, lost("queue_full")
+            # Stopping waits for the collector no longer than the export bound.
+            sidecars.remove(sidecar)
+            stopping = time.monotonic()
+            await stop_sidecar(sidecar)
+            assert time.monotonic() - stopping < 1.0 + 2.0, f"stopping took {time.monotonic() - stopping:.1f} s"
+    finally:
+        hung.close()
+
+
+def test_tracing_off_imports_no_opentelemetry():
+    code = ("import sys\nfrom sidecar.app.factory import create_app\nfrom sidecar.config import load_config\n"
+            "create_app(load_config(None, environ={}), golden={})\n"
+            "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+# -- the configuration -----------------------------------------------------------------------------
+
+
+def test_the_standard_otel_variables_fill_the_keys_the_file_leaves_unset(tmp_path):
+    environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/", "OTEL_SERVICE_NAME": "pod-sidecar",
+               "OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25",
+               "OTEL_RESOURCE_ATTRIBUTES": "k8s.pod.name=p-1,k8s.namespace.name=ns,team=ml%20ops",
+               "OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "10",
+               "OTEL_BSP_SCHEDULE_DELAY": "250", "OTEL_BSP_EXPORT_TIMEOUT": "2000"}
+    tracing = load_config(None, environ=environ).tracing
+    assert tracing.enabled and tracing.endpoint == "http://collector:4318/v1/traces"
+    assert (tracing.service_name, tracing.sample_rate, tracing.parent_based) == ("pod-sidecar", 0.25, False)
+    assert tracing.resource_attributes == {"k8s.pod.name": "p-1", "k8s.namespace.name": "ns", "team": "ml ops"}
+    assert (tracing.queue_size, tracing.batch_size, tracing.export_delay_s, tracing.export_timeout_s) == (
+        100, 10, 0.25, 2.0)
+    # The file's keys win, as an SDK's own settings win over its environment; the traces URL is taken as is.
+    path = tmp_path / "sidecar.yaml"
+    path.write_text("tracing:\n  sample_rate: 0.5\n  service_name: from-file\n")
+    tracing = load_config(path, environ={**environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/t"}).tracing
+    assert (tracing.sample_rate, tracing.service_name, tracing.endpoint) == (0.5, "from-file", "http://c:4318/t")
+    assert not load_config(None, environ={**environ, "OTEL_SDK_DISABLED": "true"}).tracing.enabled
+    assert not load_config(None, environ={**environ, "OTEL_TRACES_EXPORTER": "none"}).tracing.enabled
+    assert not load_config(None, environ={}).tracing.enabled
+
+
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({"OTEL_TRACES_SAMPLER": "sometimes"}, "environment variable OTEL_TRACES_SAMPLER: unknown sampler 'sometimes'"),
+    ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"},
+     "environment variable OTEL_TRACES_SAMPLER_ARG: must be 0..1"),
+    ({"OTEL_BSP_MAX_QUEUE_SIZE": "many"}, "environment variable OTEL_BSP_MAX_QUEUE_SIZE: must be an integer"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}, "environment variable OTEL_EXPORTER_OTLP_ENDPOINT: not an"),
+    ({"OTEL_RESOURCE_ATTRIBUTES": "k8s.pod.name"}, "environment variable OTEL_RESOURCE_ATTRIBUTES: 'k8s.pod.name'"),
+    ({"OTEL_BSP_MAX_QUEUE_SIZE": "10"}, "key 'tracing.batch_size' must not exceed tracing.queue_size"),
+    ({"SIDECAR_TRACING_ENDPOINT": "ftp://collector"}, "key 'tracing.endpoint'"),
+])
+def test_a_bad_tracing_setting_stops_the_start_with_one_line_naming_it(environ, expected):
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, environ=environ)
+    assert expected in str(refused.value) and "\n" not in str(refused.value), refused.value
