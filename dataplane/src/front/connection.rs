@@ -537,6 +537,26 @@ fn headers_too_large(settings: &super::settings::Settings) -> Reply {
     refusal("headers_too_large", 431, &message, "", &[])
 }
 
+/// A per-thread xorshift, seeded at random per process: request ids and log sampling, not secrets
+/// (Python's side used random.getrandbits for both).
+pub fn random_u64() -> u64 {
+    use std::cell::Cell;
+    use std::hash::{BuildHasher, Hasher};
+    thread_local!(static STATE: Cell<u64> = Cell::new({
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(0x5eed);
+        h.finish() | 1
+    }));
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        x
+    })
+}
+
 /// The client's X-Request-ID when it is sane (1-128 of `[A-Za-z0-9._:/+=@-]`), else a new one.
 pub fn request_id(sent: Option<&str>) -> String {
     if let Some(id) = sent {
@@ -547,24 +567,7 @@ pub fn request_id(sent: Option<&str>) -> String {
             return id.to_owned();
         }
     }
-    use std::cell::Cell;
-    use std::hash::{BuildHasher, Hasher};
-    thread_local!(static STATE: Cell<u64> = Cell::new({
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(0x5eed);
-        h.finish() | 1
-    }));
-    let next = || {
-        STATE.with(|s| {
-            let mut x = s.get();
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            s.set(x);
-            x
-        })
-    };
-    format!("{:016x}{:016x}", next(), next())
+    format!("{:016x}{:016x}", random_u64(), random_u64())
 }
 
 /// The trace id of a W3C traceparent header, or "" (all-zero ids are invalid).

@@ -62,17 +62,7 @@ pub fn finish(shared: &Shared, request: &Infer, reply: &Reply) {
 }
 
 fn sample(rate: f64) -> bool {
-    // A cheap per-thread xorshift: log sampling, not a secret.
-    use std::cell::Cell;
-    thread_local!(static STATE: Cell<u64> = const { Cell::new(0x9E37_79B9_7F4A_7C15) });
-    STATE.with(|s| {
-        let mut x = s.get();
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        s.set(x);
-        ((x >> 11) as f64 / (1u64 << 53) as f64) < rate
-    })
+    ((super::connection::random_u64() >> 11) as f64 / (1u64 << 53) as f64) < rate
 }
 
 async fn answer(shared: &Shared, request: &Infer) -> Reply {
@@ -187,25 +177,27 @@ fn upstream_refusal(shared: &Shared, model: &str, failure: Failure) -> Reply {
         }
         Failure::Timeout => {
             let message = format!("Triton did not answer within the time limit ({model})");
-            shared.events.push(Event::Failed {
-                model: model.to_owned(),
-                kind: "timeout",
-                status: 0,
-                detail: message.clone(),
-            });
-            refusal("triton_timeout", 504, &message, model, &[])
+            failed(shared, model, "timeout", "triton_timeout", 504, message)
         }
         Failure::Dropped(detail) => {
             let message = format!("Triton dropped the connection: {}", cut(&detail, 80));
-            shared.events.push(Event::Failed {
-                model: model.to_owned(),
-                kind: "dropped",
-                status: 0,
-                detail: message.clone(),
-            });
-            refusal("triton_bad_answer", 502, &message, model, &[])
+            failed(shared, model, "dropped", "triton_bad_answer", 502, message)
         }
     }
+}
+
+/// A call that gave no answer: the passive signal up, and the refusal (its message is the signal's cause).
+fn failed(
+    shared: &Shared,
+    model: &str,
+    kind: &'static str,
+    reason: &'static str,
+    status: u16,
+    message: String,
+) -> Reply {
+    let reply = refusal(reason, status, &message, model, &[]);
+    shared.events.push(Event::Failed { model: model.to_owned(), kind, status: 0, detail: message });
+    reply
 }
 
 /// Triton's `{"error": ...}` text, or the start of whatever it answered (specs.triton_error_message).
