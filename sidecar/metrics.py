@@ -117,8 +117,7 @@ class SidecarMetrics:
                                    "(rejected, held_released, held_timeout, suspect_released, suspect_refused, "
                                    "suspect_timeout, ended_at_triton).", ["model", "outcome"],
                                    registry=registry)
-        self.in_flight = Gauge(f"{PREFIX}_proxy_in_flight", "Proxied requests in progress, per model.",
-                               ["model"], registry=registry)
+        # proxy_in_flight{model}: the data plane's gauge, whichever front serves (DataPlaneCollector).
 
         # Reloads and discovery
         self.reload_failures = Counter(f"{PREFIX}_reload_failures", "Reloads refused (what: golden, config, "
@@ -256,6 +255,8 @@ _CONNECTION_COUNTERS = (
      "ended the lingering (client_closed, drained, time, idle, bytes).", ("how",), []),
 )
 
+_IN_FLIGHT = (f"{PREFIX}_proxy_in_flight", "Proxied requests in progress, per model.", ["model"])
+
 _CONNECTIONS_OPEN = (f"{PREFIX}_http_connections", "Client connections open on listen.port (served by the front "
                      "or handed to the Python app).")
 
@@ -279,6 +280,7 @@ class DataPlaneCollector:
         for _, name, help_text, labels, _ in _CONNECTION_COUNTERS:
             yield CounterMetricFamily(name, help_text, labels=labels)
         yield GaugeMetricFamily(*_CONNECTIONS_OPEN)
+        yield GaugeMetricFamily(*_IN_FLIGHT)
 
     def collect(self) -> Iterator[Metric]:
         now = self._native.collect()
@@ -301,6 +303,10 @@ class DataPlaneCollector:
                 family.add_metric(list(values), count)
             yield family
         yield GaugeMetricFamily(*_CONNECTIONS_OPEN, value=now["connections_open"])
+        in_flight = GaugeMetricFamily(_IN_FLIGHT[0], _IN_FLIGHT[1], labels=_IN_FLIGHT[2])
+        for values, value in now["in_flight"]:
+            in_flight.add_metric(values, value)
+        yield in_flight
 
 
 def _le(bound: float) -> str:

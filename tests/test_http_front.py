@@ -114,3 +114,24 @@ async def test_what_the_front_does_not_serve_is_answered_by_the_python_app_behin
     assert front.handovers - handovers >= 5
     async with sidecar.session.get(sidecar.url + "/metrics") as r:
         assert "triton_sidecar_http_connections " in await r.text()
+
+
+async def test_a_kept_alive_client_that_asks_for_metadata_keeps_its_infers_on_the_front(triton, start):
+    sidecar = await started_and_healthy(start, _rust(proxy_config(triton)))
+    front = sidecar.server
+    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5, what="credit_risk a lane")
+    body = json.dumps(credit_json()).encode()
+    infer = (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+             % (CREDIT.encode(), len(body))) + body
+    metadata = b"GET /v2/models/credit_risk HTTP/1.1\r\nHost: x\r\n\r\n"
+    before_fast, before_handed = front.fast_requests, front.handovers
+    reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+    try:
+        writer.write(metadata + infer + metadata + infer)  # pipelined: answered in order
+        answers = await _answers(reader, 4)
+    finally:
+        writer.close()
+    assert [status for status, _ in answers] == [200, 200, 200, 200]
+    assert ["platform" in json.loads(doc) for _, doc in answers] == [True, False, True, False]
+    assert front.fast_requests - before_fast == 2  # both infers the front's, though metadata came first
+    assert front.handovers - before_handed == 2  # each metadata request answered by the Python app

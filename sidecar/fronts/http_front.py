@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from typing import Any
 
 import structlog
@@ -39,9 +40,10 @@ from sidecar.states import ModelStates, Transition
 
 log = structlog.get_logger("sidecar.proxy")
 
-#: How often (s) the front's events are drained and its lanes looked at again. A passive signal
-#: reaches the health loop this much later than on the Python path; state transitions are
-#: published at once, not on this tick.
+#: How often (s) the front's routine events (usable answers) are drained and its lanes looked at
+#: again. Events the health loop or the log must have now (a failure, NaN/Inf, a panic, an
+#: access-log line) wake the loop at once through a socket pair; state transitions are published
+#: at once; traffic alone never wakes Python.
 TICK_S = 0.05
 
 Lane = tuple[str, Any, list[str] | None, bool]
@@ -60,6 +62,7 @@ class HttpFront:
         #: Spec fetches begun for trusted models without one, so a model is a lane before its first
         #: request rather than after it.
         self._warming: dict[str, asyncio.Task[None]] = {}
+        self._wake: socket.socket | None = None
 
     @property
     def core(self) -> ServingCore:
@@ -95,6 +98,9 @@ class HttpFront:
         states.add_listener(self._on_transition)
         states.add_suspect_listener(self._on_suspect)
         self._tick = asyncio.create_task(self._run_tick(), name="http-front-tick")
+        self._wake = socket.socket(fileno=self._native.wake_fd())
+        self._wake.setblocking(False)
+        asyncio.get_running_loop().add_reader(self._wake.fileno(), self._woken)
         self.publish(force=True)
 
     # -- the listener's interface (tests and the CLI read these) -------------------------------------
@@ -128,6 +134,9 @@ class HttpFront:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self._wake is not None:
+            asyncio.get_running_loop().remove_reader(self._wake.fileno())
+            self._wake.close()
         if self._native is not None:
             await asyncio.to_thread(self._native.close)
             self._drain_events()
@@ -212,6 +221,16 @@ class HttpFront:
 
     # -- up: events -------------------------------------------------------------------------------------
 
+    def _woken(self) -> None:
+        assert self._wake is not None
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            while self._wake.recv(4096):
+                pass
+        try:
+            self._drain_events()
+        except Exception:
+            log.exception("http_front_events_failed")
+
     def _drain_events(self) -> None:
         if self._native is None:
             return
@@ -231,6 +250,9 @@ class HttpFront:
                                           "duration_ms": duration_ms}
                 if reason:
                     fields["reason"] = reason
+                if status == 499:
+                    log.info("client_disconnected", model=model, request_id=request_id,
+                             cause="client closed the connection while Triton was answering; upstream call cancelled")
                 (log.warning if status >= 500 else log.info)("proxy_request", **fields)
             elif kind == "failed":
                 _, model, how, status, detail = event

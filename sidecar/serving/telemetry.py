@@ -106,21 +106,32 @@ class RequestTelemetry:
     def internal_error(self, ctx: RequestContext) -> None:
         self._counts.internal_error(ctx.protocol, ctx.label)
 
-    def in_flight(self, model: str) -> Any:
-        return _child(self._in_flight, self._metrics.in_flight, model=model)
+    def in_flight(self, model: str) -> InFlight:
+        """The model's proxy_in_flight gauge (a data-plane atomic, shared with the Rust front)."""
+        gauge = self._in_flight.get((model,))
+        if gauge is None:
+            gauge = self._in_flight[(model,)] = InFlight(self._counts, model)
+        return gauge  # type: ignore[no-any-return]
 
     def filtered(self, model: str, outputs: list[str]) -> None:
         if outputs:
             self._counts.filtered(model, outputs)
 
 
-def _child(cache: dict[tuple[str, ...], Any], metric: Any, **labels: str) -> Any:
-    """The metric's child for these labels, looked up once and then kept."""
-    key = tuple(labels.values())
-    child = cache.get(key)
-    if child is None:
-        child = cache[key] = metric.labels(**labels)
-    return child
+class InFlight:
+    """One model's in-flight gauge, as prometheus_client's child offered it (inc, dec)."""
+
+    __slots__ = ("_add", "_model")
+
+    def __init__(self, counts: Any, model: str) -> None:
+        self._add, self._model = counts.in_flight_add, model
+        self._add(model, 0)  # the series exists (at 0) from the model's first request
+
+    def inc(self) -> None:
+        self._add(self._model, 1)
+
+    def dec(self) -> None:
+        self._add(self._model, -1)
 
 
 _SERVER_SIDE_GRPC = frozenset({"UNAVAILABLE", "INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED", "DATA_LOSS"})

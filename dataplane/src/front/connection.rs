@@ -142,6 +142,9 @@ impl Connection {
             return false;
         }
         let Some(infer) = self.lane_for(&head) else {
+            if forwardable(&head, self.shared.settings.max_body_bytes) {
+                return self.forward(head).await;
+            }
             self.hand_over().await;
             return false;
         };
@@ -341,6 +344,60 @@ impl Connection {
         Some((model.to_owned(), lane, header_length))
     }
 
+    /// Send one request the lane does not serve to the Python app and relay its answer; the
+    /// connection stays the front's, so the client's next infer is the lane's again.
+    async fn forward(&mut self, head: Head) -> bool {
+        self.shared.handovers.fetch_add(1, Ordering::Relaxed);
+        let declared = head.get("content-length").and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
+        let total = head.length + declared;
+        let deadline = Instant::now() + self.shared.settings.client_body_timeout;
+        while self.buf.len() < total {
+            if !self.read_body_bytes(deadline).await {
+                let missing = (total - self.buf.len()) as u64;
+                return self.body_timed_out(&head, "", Some(missing)).await;
+            }
+        }
+        let request = self.buf.split_to(total).freeze();
+        let body = request.slice(head.length..);
+        let headers: Vec<(&str, &str)> = head
+            .headers
+            .iter()
+            .filter(|(name, _)| !HOP_BY_HOP.contains(&name.as_str()) && name != "content-length")
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect();
+        let keep_alive = head.keep_alive();
+        let shared = self.shared.clone();
+        let call = shared.back_pool.send(&head.method, &head.path, &headers, body);
+        tokio::pin!(call);
+        let room = shared.settings.head_limit() + shared.settings.max_body_bytes;
+        let answered = loop {
+            tokio::select! {
+                answered = &mut call => break answered,
+                read = self.stream.read_buf(&mut self.buf), if self.buf.len() < room => {
+                    if matches!(read, Ok(0) | Err(_)) {
+                        return false; // the client left: the call to the app is dropped with it
+                    }
+                }
+            }
+        };
+        let out = match answered {
+            Ok((status, headers, body)) => relayed(status, &headers, &body, keep_alive),
+            Err(_) => {
+                let reply = refusal("internal_error", 500, "the sidecar's own app did not answer", "", &[]);
+                encode(&reply, &request_id(head.get("x-request-id")), false)
+            }
+        };
+        if self.stream.write_all(&out).await.is_err() {
+            return false;
+        }
+        self.answered_any = true;
+        if !keep_alive {
+            let _ = self.stream.shutdown().await;
+            return false;
+        }
+        true
+    }
+
     /// Hand the rest of the connection, from the current request's first byte, to the Python app.
     async fn hand_over(&mut self) {
         self.shared.handovers.fetch_add(1, Ordering::Relaxed);
@@ -441,6 +498,54 @@ impl Connection {
             }
         }
     }
+}
+
+/// Headers of one hop, never relayed (RFC 9110 §7.6.1), plus the framing each hop writes itself.
+const HOP_BY_HOP: [&str; 8] =
+    ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "expect"];
+
+/// A request the Python app can answer through the front, one request at a time: HTTP/1.1, a whole
+/// body of a known length within validation.max_body_bytes, and an answer that is not a stream.
+/// Anything else (HEAD, chunked or oversized bodies, 100-continue, generate_stream's events, an
+/// upgrade) is handed over with the connection.
+fn forwardable(head: &Head, max_body_bytes: usize) -> bool {
+    if head.version != 1 || head.get("upgrade").is_some() || head.get("expect").is_some() {
+        return false;
+    }
+    if !matches!(head.method.as_str(), "GET" | "POST" | "PUT" | "DELETE" | "OPTIONS" | "PATCH") {
+        return false;
+    }
+    if head.get("transfer-encoding").is_some() || head.path.split('?').next().unwrap_or("").ends_with("_stream") {
+        return false;
+    }
+    match head.get("content-length") {
+        None => true,
+        Some(v) => v.trim().parse::<usize>().is_ok_and(|n| n <= max_body_bytes),
+    }
+}
+
+/// The Python app's answer, as the client reads it: its status and headers, our framing.
+fn relayed(status: u16, headers: &hyper::HeaderMap, body: &[u8], keep_alive: bool) -> Vec<u8> {
+    let reason = hyper::StatusCode::from_u16(status).ok().and_then(|s| s.canonical_reason()).unwrap_or("Unknown");
+    let mut out = Vec::with_capacity(256 + body.len());
+    out.extend_from_slice(format!("HTTP/1.1 {status} {reason}\r\n").as_bytes());
+    for (name, value) in headers {
+        let name = name.as_str();
+        if HOP_BY_HOP.contains(&name) || name == "content-length" {
+            continue;
+        }
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(format!("Content-Length: {}\r\n", body.len()).as_bytes());
+    if !keep_alive {
+        out.extend_from_slice(b"Connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    out
 }
 
 fn panic_message(e: tokio::task::JoinError) -> String {

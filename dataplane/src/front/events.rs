@@ -1,6 +1,8 @@
 //! What the health loop must hear from the front, queued in order and drained by Python in batches
 //! (sidecar/fronts/http_front.py): passive signals, the sampled access log, panics.
 
+use std::io::Write;
+use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -50,6 +52,10 @@ pub struct AccessRecord {
 #[derive(Default)]
 pub struct Events {
     queue: Mutex<Vec<Event>>,
+    /// The front's end of a socket pair whose other end Python's event loop watches: one byte wakes
+    /// it at once for an event the health loop must not wait for (a failure, NaN/Inf, a panic).
+    /// Usable answers wait for Python's next tick, so traffic alone never wakes Python.
+    wake: Option<UnixStream>,
 }
 
 /// Events kept while Python does not drain (a wedged loop): past this the oldest are dropped, the
@@ -57,7 +63,29 @@ pub struct Events {
 const MAX_QUEUED: usize = 65536;
 
 impl Events {
+    /// Events whose other end is `wake` (non-blocking).
+    pub fn waking(wake: UnixStream) -> Self {
+        Events { queue: Mutex::new(Vec::new()), wake: Some(wake) }
+    }
+
     pub fn push(&self, event: Event) {
+        let urgent = match &event {
+            Event::Failed { .. } | Event::NonFinite { .. } | Event::Panic { .. } => true,
+            // An access-log line (every failure, a sample of the rest: Python writes each one anyway)
+            // is written as the request ends, not a tick later.
+            Event::Log(_) => true,
+            _ => false,
+        };
+        self.queue_event(event);
+        if urgent {
+            if let Some(mut wake) = self.wake.as_ref() {
+                // A full socket already holds a wake-up Python has not read: nothing is lost.
+                let _ = wake.write(b"!");
+            }
+        }
+    }
+
+    fn queue_event(&self, event: Event) {
         let Ok(mut queue) = self.queue.lock() else { return };
         if let (Event::Answered { model, count }, Some(Event::Answered { model: last, count: n })) =
             (&event, queue.last_mut())

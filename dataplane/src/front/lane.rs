@@ -103,6 +103,7 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
             }
         }
     };
+    let _at_triton = AtTriton::new(shared, model);
     let path = format!("/v2/models/{model}/infer");
     let content_type = if request.header_length.is_some() { "application/octet-stream" } else { "application/json" };
     let header_length = request.header_length.map(|h| h.to_string());
@@ -152,6 +153,26 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
     match outcome {
         Ok(answer) => screen(shared, request, answer),
         Err(failure) => upstream_refusal(shared, model, failure),
+    }
+}
+
+/// In proxy_in_flight{model} while the request is at Triton, however it ends (answered, timed out,
+/// its client gone and the task aborted).
+struct AtTriton<'a> {
+    shared: &'a Shared,
+    model: &'a str,
+}
+
+impl<'a> AtTriton<'a> {
+    fn new(shared: &'a Shared, model: &'a str) -> Self {
+        shared.metrics.in_flight.add(&[model], 1);
+        AtTriton { shared, model }
+    }
+}
+
+impl Drop for AtTriton<'_> {
+    fn drop(&mut self) {
+        self.shared.metrics.in_flight.add(&[self.model], -1);
     }
 }
 

@@ -22,6 +22,7 @@ pub mod upstream;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
@@ -40,6 +41,8 @@ pub struct Shared {
     /// The Python app behind the front (loopback), for what the lane does not serve.
     pub back: SocketAddr,
     pub upstream: Upstream,
+    /// Keep-alive connections to the Python app behind the front, for the requests it answers.
+    pub back_pool: Upstream,
     pub state: ArcSwap<Snapshot>,
     /// Bumped at every publish: a request at Triton looks again whether its model is still trusted.
     pub published: watch::Sender<u64>,
@@ -52,14 +55,24 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(settings: Settings, back: SocketAddr, upstream: Upstream, metrics: Arc<RequestMetrics>) -> Self {
+    pub fn new(
+        settings: Settings,
+        back: SocketAddr,
+        upstream: Upstream,
+        metrics: Arc<RequestMetrics>,
+        events: Events,
+    ) -> Self {
+        // The Python app applies its own bounds (holds, Triton's timeout); this one only ends a
+        // call it never answers.
+        let back_pool = Upstream::new(back.to_string(), settings.upstream_timeout * 2 + Duration::from_secs(3600));
         Shared {
             settings,
             back,
             upstream,
+            back_pool,
             state: ArcSwap::from_pointee(Snapshot::default()),
             published: watch::channel(0).0,
-            events: Events::default(),
+            events,
             metrics,
             open_connections: AtomicUsize::new(0),
             handovers: AtomicU64::new(0),

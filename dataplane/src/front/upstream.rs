@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{self, SendRequest};
+use hyper::HeaderMap;
 use hyper_util::rt::TokioIo;
 use std::sync::Mutex;
 use tokio::net::TcpStream;
@@ -75,7 +76,27 @@ impl Upstream {
 
     /// POST `body` to `path`; `headers` are sent as given.
     pub async fn post(&self, path: &str, headers: &[(&str, &str)], body: Bytes) -> Result<Answer, Failure> {
-        let mut request = hyper::Request::post(path).header("host", self.authority.as_str());
+        let (status, headers, body) = self.send("POST", path, headers, body).await?;
+        let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let header_length = headers
+            .get("inference-header-content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<i64>().ok());
+        Ok(Answer { status, content_type, header_length, body })
+    }
+
+    /// One call: (status, the answer's headers, its whole body).
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> Result<(u16, HeaderMap, Bytes), Failure> {
+        let mut request = hyper::Request::builder().method(method).uri(path);
+        if !headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("host")) {
+            request = request.header("host", self.authority.as_str());
+        }
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
@@ -92,21 +113,16 @@ impl Upstream {
             };
             let response = sender.send_request(request).await.map_err(|e| Failure::Dropped(e.to_string()))?;
             let status = response.status().as_u16();
-            let headers = response.headers();
-            let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).map(str::to_owned);
-            let header_length = headers
-                .get("inference-header-content-length")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<i64>().ok());
-            let keep = !headers.get("connection").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
-            let body = response.into_body().collect().await.map_err(|e| Failure::Dropped(e.to_string()))?.to_bytes();
+            let (parts, body) = response.into_parts();
+            let keep = !parts.headers.get("connection").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+            let body = body.collect().await.map_err(|e| Failure::Dropped(e.to_string()))?.to_bytes();
             if keep {
                 self.put_idle(sender);
             }
-            Ok(Answer { status, content_type, header_length, body })
+            Ok((status, parts.headers, body))
         };
         // On a timeout (or the caller dropping this future) the connection is dropped with it,
-        // never put back: Triton sees the call end.
+        // never put back: the other side sees the call end.
         match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(Failure::Timeout),

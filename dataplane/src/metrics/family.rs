@@ -5,7 +5,7 @@
 //! counts themselves are atomics updated outside the lock.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 /// Label values joined by a byte no label value holds (an ASCII unit separator): one key, one hash.
@@ -83,6 +83,27 @@ impl CounterFamily {
     /// Every series: label values, count; sorted by label values.
     pub fn samples(&self) -> Vec<(Vec<String>, u64)> {
         self.series.each().into_iter().map(|(labels, c)| (labels, c.load(Ordering::Relaxed))).collect()
+    }
+}
+
+/// A gauge family (a value that goes up and down, as requests in flight).
+pub struct GaugeFamily {
+    series: Series<AtomicI64>,
+}
+
+impl Default for GaugeFamily {
+    fn default() -> Self {
+        GaugeFamily { series: Series::new() }
+    }
+}
+
+impl GaugeFamily {
+    pub fn add(&self, labels: &[&str], delta: i64) {
+        self.series.get(labels).fetch_add(delta, Ordering::Relaxed);
+    }
+
+    pub fn samples(&self) -> Vec<(Vec<String>, i64)> {
+        self.series.each().into_iter().map(|(labels, g)| (labels, g.load(Ordering::Relaxed))).collect()
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::AtomicI64;
 
-use super::family::{CounterFamily, HistogramFamily};
+use super::family::{CounterFamily, GaugeFamily, HistogramFamily};
 
 pub struct RequestMetrics {
     /// triton_sidecar_proxy_requests_total{protocol, model, code}
@@ -18,6 +18,8 @@ pub struct RequestMetrics {
     pub outputs_filtered: CounterFamily,
     /// triton_sidecar_routed_total{model, version, reason}
     pub routed: CounterFamily,
+    /// triton_sidecar_proxy_in_flight{model}: requests at Triton (from their breaker slot to the answer).
+    pub in_flight: GaugeFamily,
     /// The connections of listen.port, whichever front holds them (sidecar/fronts/http_front.py's Rust
     /// one, or the Python listener): triton_sidecar_http_connections (a gauge)...
     pub connections_open: AtomicI64,
@@ -38,6 +40,7 @@ impl RequestMetrics {
             internal_errors: CounterFamily::default(),
             outputs_filtered: CounterFamily::default(),
             routed: CounterFamily::default(),
+            in_flight: GaugeFamily::default(),
             connections_open: AtomicI64::new(0),
             connections_refused: CounterFamily::default(),
             connection_timeouts: CounterFamily::default(),

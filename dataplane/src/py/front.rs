@@ -15,7 +15,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 use tokio::sync::watch;
 
-use crate::front::events::Event;
+use std::os::fd::IntoRawFd;
+use std::os::unix::net::UnixStream;
+
+use crate::front::events::{Event, Events};
 use crate::front::settings::Settings;
 use crate::front::state::{Breaker, Ended, Lane, Snapshot};
 use crate::front::upstream::Upstream;
@@ -33,6 +36,8 @@ pub struct HttpFront {
     port: u16,
     stop: watch::Sender<bool>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Python's end of the wake-up socket pair, until `wake_fd` hands it over.
+    wake: Mutex<Option<UnixStream>>,
     /// Breakers by model, kept across snapshots (their counts are live).
     breakers: Mutex<HashMap<String, Arc<Breaker>>>,
 }
@@ -91,6 +96,9 @@ impl HttpFront {
         let back = SocketAddr::from(([127, 0, 0, 1], back_port));
         let timeout = settings.upstream_timeout;
         let (stop, stopped) = watch::channel(false);
+        let (front_end, python_end) = UnixStream::pair().map_err(|e| PyOSError::new_err(e.to_string()))?;
+        front_end.set_nonblocking(true).map_err(|e| PyOSError::new_err(e.to_string()))?;
+        let events = Events::waking(front_end);
         let metrics = metrics.inner.clone();
         // The runtime is built on its own thread: the upstream client must be made inside it.
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Arc<Shared>, String>>();
@@ -117,7 +125,8 @@ impl HttpFront {
                             return;
                         }
                     };
-                    let shared = Arc::new(Shared::new(settings, back, Upstream::new(upstream, timeout), metrics));
+                    let shared =
+                        Arc::new(Shared::new(settings, back, Upstream::new(upstream, timeout), metrics, events));
                     let _ = ready_tx.send(Ok(shared.clone()));
                     accept_loop(listener, shared, stopped).await;
                 });
@@ -125,7 +134,20 @@ impl HttpFront {
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
         let shared =
             ready_rx.recv().map_err(|e| PyRuntimeError::new_err(e.to_string()))?.map_err(PyRuntimeError::new_err)?;
-        Ok(HttpFront { shared, port, stop, thread: Mutex::new(Some(thread)), breakers: Mutex::new(HashMap::new()) })
+        Ok(HttpFront {
+            shared,
+            port,
+            stop,
+            thread: Mutex::new(Some(thread)),
+            wake: Mutex::new(Some(python_end)),
+            breakers: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The descriptor Python's loop watches for urgent events (its owner from now on: call once).
+    fn wake_fd(&self) -> PyResult<i32> {
+        let taken = self.wake.lock().ok().and_then(|mut w| w.take());
+        taken.map(|s| s.into_raw_fd()).ok_or_else(|| PyRuntimeError::new_err("wake_fd was already taken"))
     }
 
     #[getter]

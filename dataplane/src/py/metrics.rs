@@ -45,6 +45,11 @@ impl RequestMetrics {
         self.inner.routed.inc(&[model, version, reason]);
     }
 
+    /// A request to `model` went to Triton (+1) or came back (-1).
+    fn in_flight_add(&self, model: &str, delta: i64) {
+        self.inner.in_flight.add(&[model], delta);
+    }
+
     /// A client connection on listen.port opened (+1) or closed (-1).
     fn connection_opened(&self, delta: i64) {
         self.inner.connections_open.fetch_add(delta, Ordering::Relaxed);
@@ -91,6 +96,7 @@ impl RequestMetrics {
         }
         out.set_item("duration", m.duration.samples())?;
         out.set_item("connections_open", m.connections_open.load(Ordering::Relaxed))?;
+        out.set_item("in_flight", m.in_flight.samples())?;
         Ok(out)
     }
 }
