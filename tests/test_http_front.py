@@ -2,7 +2,7 @@
 shared Triton: infer to a trusted model is served without entering Python's request chain, answers
 equal the Python chain's, the front's passive signals reach the health loop, and what the front does
 not serve is handed to the Python app behind it. The listener's bounds are the same tests as the
-Python listener's: .ci/run runs test_http_limits, test_http_listener and test_proxy again with
+Python listener's: make test runs test_http_limits, test_http_listener and test_proxy again with
 SIDECAR_TEST_FRONT=rust."""
 
 from __future__ import annotations
