@@ -236,7 +236,12 @@ impl Connection {
         };
         let keep_alive = head.keep_alive();
         let Some(reply_bytes) = self.answer(infer, keep_alive).await else { return false };
-        if self.stream.write_all(&reply_bytes).await.is_err() {
+        self.write_answer(&reply_bytes, keep_alive).await
+    }
+
+    /// Write a whole answer; false when the connection is done (the client gone, or not kept alive).
+    async fn write_answer(&mut self, bytes: &[u8], keep_alive: bool) -> bool {
+        if self.stream.write_all(bytes).await.is_err() {
             return false;
         }
         self.answered_any = true;
@@ -280,7 +285,6 @@ impl Connection {
                         // The client left: its call to Triton is cancelled (the connection to Triton
                         // dropped with it) and the request counted as 499.
                         task.abort();
-                        shared.in_flight.fetch_sub(1, Ordering::Relaxed);
                         let seconds = started.elapsed().as_secs_f64();
                         shared.metrics.finish("http", &model, "499", seconds);
                         shared.events.push(Event::Log(AccessRecord {
@@ -387,15 +391,7 @@ impl Connection {
                 encode(&reply, &request_id(head.get("x-request-id")), false)
             }
         };
-        if self.stream.write_all(&out).await.is_err() {
-            return false;
-        }
-        self.answered_any = true;
-        if !keep_alive {
-            let _ = self.stream.shutdown().await;
-            return false;
-        }
-        true
+        self.write_answer(&out, keep_alive).await
     }
 
     /// Hand the rest of the connection, from the current request's first byte, to the Python app.

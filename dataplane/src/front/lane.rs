@@ -33,9 +33,10 @@ pub struct Infer {
 
 /// Serve one request; the answer is always one the client can read (never an error).
 pub async fn serve(shared: Arc<Shared>, request: Infer) -> Reply {
-    shared.in_flight.fetch_add(1, Ordering::Relaxed);
-    let reply = answer(&shared, &request).await;
-    shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+    let reply = {
+        let _counted = InFlight::new(&shared);
+        answer(&shared, &request).await
+    };
     finish(&shared, &request, &reply);
     reply
 }
@@ -153,6 +154,23 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
     match outcome {
         Ok(answer) => screen(shared, request, answer),
         Err(failure) => upstream_refusal(shared, model, failure),
+    }
+}
+
+/// In the front's in-flight count (what the drain waits for) while the request is served, however
+/// it ends: answered, panicked, or its task aborted because the client left.
+struct InFlight<'a>(&'a Shared);
+
+impl<'a> InFlight<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        shared.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(shared)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
