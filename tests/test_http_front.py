@@ -8,15 +8,20 @@ SIDECAR_TEST_FRONT=rust."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import threading
+import time
 from dataclasses import replace
 from typing import Any
 
 import aiohttp
 
-from sidecar.fronts.appkeys import SERVING
-from sidecar.fronts.http_front import HttpFront
-from tests.harness import wait_for
+from sidecar.app.probe_port import ProbeListener
+from sidecar.fronts.appkeys import LIFECYCLE, SERVING
+from sidecar.fronts.http_front import FRONT_RUNTIME, HttpFront
+from sidecar.serving.lifecycle import QUIET_PERIOD_S
+from tests.harness import SLACK_S, wait_for
 from tests.proxy_support import credit_json, proxy_config, started_and_healthy, triton_successes
 
 CREDIT = "/v2/models/credit_risk/infer"
@@ -135,3 +140,127 @@ async def test_a_kept_alive_client_that_asks_for_metadata_keeps_its_infers_on_th
     assert ["platform" in json.loads(doc) for _, doc in answers] == [True, False, True, False]
     assert front.fast_requests - before_fast == 2  # both infers the front's, though metadata came first
     assert front.handovers - before_handed == 2  # each metadata request answered by the Python app
+
+
+#: liveness.watchdog_stall_s in the watchdog tests: above a probe round's length on a busy machine
+#: (the supervisors' own stall is judged by the same bound).
+STALL_S = 2.0
+
+
+def _get(port: int, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("POST" if body else "GET", path, body=body,
+                           headers={"Content-Type": "application/json"} if body else {})
+        answer = connection.getresponse()
+        return answer.status, answer.read()
+    finally:
+        connection.close()
+
+
+async def test_a_health_loop_that_stops_turning_fails_healthz_on_the_front_which_still_serves(triton, start):
+    sidecar = await started_and_healthy(start, _rust(proxy_config(triton, liveness={"watchdog_stall_s": STALL_S})))
+    front = sidecar.server
+    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5, what="credit_risk a lane")
+    body = json.dumps(credit_json()).encode()
+    seen: dict[str, Any] = {}
+    answered = threading.Event()
+
+    def while_wedged() -> None:
+        # Off the event loop: wait (bounded) until the front has not heard from the loop for longer
+        # than the bound, then ask as the kubelet would, and infer as a client would.
+        try:
+            deadline = time.monotonic() + STALL_S + SLACK_S + 5
+            while front.control_silent_for <= STALL_S:
+                assert time.monotonic() < deadline, "the front kept hearing from a wedged loop"
+                time.sleep(0.05)
+            seen["healthz"] = _get(front.port, "/healthz")
+            seen["readyz"] = _get(front.port, "/readyz")
+            seen["infer"] = _get(front.port, CREDIT, body)
+        except BaseException as e:
+            seen["error"] = e
+        finally:
+            answered.set()
+
+    threading.Thread(target=while_wedged, daemon=True).start()
+    # The wedge: the event loop itself blocked, as a blocking call in a handler or a runaway
+    # computation would block it, until the thread has its answers (bounded).
+    assert answered.wait(timeout=STALL_S + SLACK_S + 20), "no answer while the loop was wedged"
+    assert "error" not in seen, seen.get("error")
+    for endpoint in ("healthz", "readyz"):
+        status, text = seen[endpoint]
+        assert status == 503, (endpoint, text)
+        problems = json.loads(text)["problems"]
+        assert problems and problems[0].startswith("control plane stalled"), problems
+        assert "liveness.watchdog_stall_s" in problems[0]
+    # Requests to a trusted model do not wait for the control plane.
+    status, text = seen["infer"]
+    assert status == 200 and [o["name"] for o in json.loads(text)["outputs"]] == ["scores"], text
+    # The loop turns again: the Python app answers /healthz again, with every model's state.
+    async def healthy() -> bool:
+        status, doc = await sidecar.get("/healthz")
+        return status == 200 and "credit_risk" in doc["models"]
+    deadline = time.monotonic() + SLACK_S + 5
+    while not await healthy():
+        assert time.monotonic() < deadline, "/healthz did not recover after the loop turned again"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_front_runtime_that_stops_answering_fails_healthz_and_readyz_naming_it(triton, start):
+    sidecar = await started_and_healthy(start, _rust(proxy_config(triton, liveness={"watchdog_stall_s": STALL_S})))
+    front = sidecar.server
+    probes = ProbeListener(sidecar.app)  # listen.probe_port: Python answers while the front cannot
+    await probes.start("127.0.0.1", 0)
+    try:
+        async def probe(path: str) -> tuple[int, dict]:
+            async with sidecar.session.get(f"http://127.0.0.1:{probes.port}{path}") as r:
+                return r.status, await r.json()
+
+        assert (await probe("/healthz"))[0] == 200
+        front.stall_runtime(STALL_S + 4)  # its one worker blocked, as a deadlock would block it
+        deadline = time.monotonic() + STALL_S + SLACK_S + 3
+        while (answer := await probe("/healthz"))[0] != 503:
+            assert time.monotonic() < deadline, f"/healthz stayed {answer} with the front's runtime blocked"
+            await asyncio.sleep(0.05)
+        problems = answer[1]["problems"]
+        assert any(p.startswith(FRONT_RUNTIME + " stalled") for p in problems), problems
+        status, doc = await probe("/readyz")
+        assert status == 503 and any(p.startswith(FRONT_RUNTIME) for p in doc["problems"]), doc
+        # The runtime turns again: both recover with no restart of anything.
+        deadline = time.monotonic() + 4 + SLACK_S + 5
+        while (answer := await probe("/healthz"))[0] != 200:
+            assert time.monotonic() < deadline, f"/healthz stayed {answer} after the runtime turned again"
+            await asyncio.sleep(0.05)
+        assert (await probe("/readyz"))[0] == 200
+    finally:
+        await probes.close()
+
+
+async def test_the_drain_waits_for_the_fronts_own_requests_to_go_quiet(triton, start):
+    sidecar = await started_and_healthy(start, _rust(proxy_config(triton)))
+    front = sidecar.server
+    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5, what="credit_risk a lane")
+    body = json.dumps(credit_json()).encode()
+    before = front.fast_requests
+    traffic_until = time.monotonic() + 2.5
+
+    async def traffic() -> tuple[int, float]:
+        sent = 0
+        while time.monotonic() < traffic_until:
+            async with sidecar.session.post(sidecar.url + CREDIT, data=body) as r:
+                assert r.status == 200, await r.text()
+            sent += 1
+        return sent, time.monotonic()
+
+    running = asyncio.create_task(traffic())
+    await wait_for(lambda: front.fast_requests > before, 5, what="the front serving")
+    lifecycle = sidecar.app[LIFECYCLE]
+    lifecycle.begin_drain()  # what SIGTERM does first (sidecar.cli.run)
+    drained = await lifecycle.wait_drained(10)
+    returned_at = time.monotonic()
+    sent, last_at = await running
+    assert drained
+    # None of these requests entered the Python app, yet the drain waited for the last of them
+    # and then for the quiet period, as for the Python listener's.
+    assert front.fast_requests - before == sent
+    assert returned_at - last_at >= QUIET_PERIOD_S * 0.9, (returned_at - last_at)

@@ -26,6 +26,7 @@ from sidecar.fronts.appkeys import (
     DOCUMENT_POOL,
     ESCALATION,
     HEALER,
+    HEARTBEATS,
     LIFECYCLE,
     LIVE,
     METRICS,
@@ -47,6 +48,7 @@ from sidecar.golden.cases import GoldenCase, aim_unversioned, cases_for_version,
 from sidecar.health.escalation import RestartEscalation
 from sidecar.health.escalation_record import EscalationRecord
 from sidecar.health.healer import Healer
+from sidecar.health.heartbeats import Heartbeats
 from sidecar.health.probe_round import probe_model
 from sidecar.health.prober import Prober
 from sidecar.health.reload import GoldenStore, LiveConfig
@@ -106,6 +108,7 @@ def create_app(
                         metrics=metrics)
     app[LIVE] = LiveConfig(config, golden=store, metrics=metrics, path=config_path)
     app[LIFECYCLE] = Lifecycle(clock)
+    app[HEARTBEATS] = Heartbeats()
     states = ModelStates(
         failure_threshold=config.probes.failure_threshold,
         success_threshold=config.probes.success_threshold,

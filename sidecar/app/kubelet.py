@@ -13,6 +13,7 @@ from sidecar.fronts.appkeys import (
     CONFIG,
     ESCALATION,
     HEALER,
+    HEARTBEATS,
     LIFECYCLE,
     LIVE,
     METRICS,
@@ -50,6 +51,7 @@ def liveness_problems(app: web.Application) -> list[str]:
     watch_stalled = app[STATES].now() - watch.last_tick
     if watch_stalled > stall_s:
         problems.append(f"Triton watch stalled: no check finished for {watch_stalled:.0f} s")
+    problems.extend(app[HEARTBEATS].problems(stall_s))
     for supervisor in app[ROSTER].supervisors:
         stalled = supervisor.stalled_for()
         if stalled > stall_s:
@@ -65,8 +67,10 @@ def _crashes(record: CrashRecord) -> str:
 
 
 def readiness_problems(app: web.Application) -> list[str]:
-    """The pod's readiness, as every other readiness endpoint answers it (sidecar.serving.readiness)."""
-    return app[READINESS].problems()
+    """The pod's readiness, as every other readiness endpoint answers it (sidecar.serving.readiness),
+    and a stalled front (HEARTBEATS): /readyz may be answered on the probe port while listen.port
+    serves nobody."""
+    return app[READINESS].problems() + app[HEARTBEATS].problems(app[LIVE].config.liveness.watchdog_stall_s)
 
 
 def _models_summary(app: web.Application) -> dict[str, dict[str, str]]:

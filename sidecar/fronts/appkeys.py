@@ -9,6 +9,7 @@ from sidecar.config import SidecarConfig
 from sidecar.fronts.tls import ServerTls
 from sidecar.health.escalation import RestartEscalation
 from sidecar.health.healer import Healer
+from sidecar.health.heartbeats import Heartbeats
 from sidecar.health.prober import Prober
 from sidecar.health.reload import LiveConfig
 from sidecar.health.roster import Roster
@@ -54,6 +55,10 @@ ESCALATION = web.AppKey("escalation", RestartEscalation)
 
 
 WATCH = web.AppKey("watch", TritonWatch)
+
+
+#: What turns outside the event loop (the Rust front's runtime), for /healthz's watchdog.
+HEARTBEATS = web.AppKey("heartbeats", Heartbeats)
 
 
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)

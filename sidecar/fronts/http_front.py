@@ -31,7 +31,7 @@ import structlog
 from aiohttp import web
 
 from sidecar._dataplane import HttpFront as NativeFront
-from sidecar.fronts.appkeys import CONFIG, SERVING, STATES
+from sidecar.fronts.appkeys import CONFIG, HEARTBEATS, LIFECYCLE, SERVING, STATES
 from sidecar.fronts.http_listener import SidecarListener
 from sidecar.messages import cut
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
@@ -47,6 +47,11 @@ log = structlog.get_logger("sidecar.proxy")
 TICK_S = 0.05
 
 Lane = tuple[str, Any, list[str] | None, bool]
+
+#: The front's runtime threads, as /healthz names them when they stop turning. The other way round,
+#: the front answers /healthz and /readyz 503 itself when this loop stops touching it (every tick)
+#: for longer than liveness.watchdog_stall_s (dataplane/src/front/watchdog.rs).
+FRONT_RUNTIME = "the data plane's HTTP front (its runtime threads)"
 
 
 class HttpFront:
@@ -90,10 +95,16 @@ class HttpFront:
             "proxy.queue_size_per_model": proxy.queue_size_per_model,
             "proxy.block_non_finite_outputs": float(proxy.block_non_finite_outputs),
             "logging.access_log_sample_rate": config.logging.access_log_sample_rate,
+            "liveness.watchdog_stall_s": config.liveness.watchdog_stall_s,
         }
         upstream = config.triton.url.split("://", 1)[-1].rstrip("/")
         self._native = NativeFront(host, port, listen.max_connections, listen.workers, self.back.port, upstream,
                                    {k: float(v) for k, v in limits.items()}, self.core.metrics.requests)
+        native = self._native
+        self.app[HEARTBEATS].watch(FRONT_RUNTIME, lambda: native.runtime_silent_for)
+        # SIGTERM's drain waits for the requests the front serves on its own too (in flight, and
+        # quiet for the same period as the Python listener's).
+        self.app[LIFECYCLE].watch_front(lambda: native.in_flight, lambda: native.fast_requests)
         states: ModelStates = self.app[STATES]
         states.add_listener(self._on_transition)
         states.add_suspect_listener(self._on_suspect)
@@ -126,6 +137,16 @@ class HttpFront:
     def in_flight(self) -> int:
         return self._native.in_flight if self._native is not None else 0
 
+    @property
+    def control_silent_for(self) -> float:
+        """Seconds since this loop last touched the front (its watchdog of the control plane)."""
+        return self._native.control_silent_for if self._native is not None else 0.0
+
+    def stall_runtime(self, seconds: float) -> None:
+        """Fault injection (tests, drills): block the front's runtime threads for `seconds`."""
+        assert self._native is not None
+        self._native.stall_runtime(seconds)
+
     async def close(self) -> None:
         """Stop accepting; requests in flight on the front finish (bounded by proxy.upstream_timeout_s),
         then the Python listener behind it closes."""
@@ -138,6 +159,7 @@ class HttpFront:
             asyncio.get_running_loop().remove_reader(self._wake.fileno())
             self._wake.close()
         if self._native is not None:
+            self.app[HEARTBEATS].forget(FRONT_RUNTIME)
             await asyncio.to_thread(self._native.close)
             self._drain_events()
         await self.back.close()

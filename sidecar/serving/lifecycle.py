@@ -12,6 +12,9 @@ from collections.abc import Callable
 #: endpoints are removed from Services a moment after readiness fails, and stragglers arrive.
 QUIET_PERIOD_S = 1.0
 
+#: How often (s) a drain looks at a front that counts its own requests (the Rust front's atomics).
+FRONT_POLL_S = 0.02
+
 
 class Lifecycle:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -21,6 +24,13 @@ class Lifecycle:
         self.last_request_at = clock()
         self._idle = asyncio.Event()
         self._idle.set()
+        #: Fronts that serve requests without this loop (the Rust front): (in flight, served so far).
+        self._fronts: list[tuple[Callable[[], int], Callable[[], int]]] = []
+
+    def watch_front(self, in_flight: Callable[[], int], served: Callable[[], int]) -> None:
+        """A front that counts its own requests: a drain waits for its requests in flight and for
+        its traffic to go quiet too."""
+        self._fronts.append((in_flight, served))
 
     def begin_drain(self) -> None:
         self.draining = True
@@ -39,6 +49,8 @@ class Lifecycle:
     async def wait_drained(self, limit_s: float) -> bool:
         """Wait until no request is in flight and none came for QUIET_PERIOD_S, at most limit_s.
         True when drained, False when the limit cut it short."""
+        if self._fronts:
+            return await self._wait_drained_polling(limit_s)
         deadline = self._clock() + limit_s
         while True:
             remaining = deadline - self._clock()
@@ -56,3 +68,22 @@ class Lifecycle:
             except TimeoutError:
                 return False
 
+
+    async def _wait_drained_polling(self, limit_s: float) -> bool:
+        """wait_drained with fronts whose requests this loop never sees: their counters are read
+        every FRONT_POLL_S, a change in what they served counting as a request."""
+        deadline = self._clock() + limit_s
+        served = None
+        front_last = float("-inf")
+        while True:
+            now = self._clock()
+            busy = self.in_flight + sum(in_flight() for in_flight, _ in self._fronts)
+            total = sum(count() for _, count in self._fronts)
+            if busy or (served is not None and total != served):
+                front_last = now
+            served = total
+            if now >= deadline:
+                return busy == 0
+            if busy == 0 and now - max(self.last_request_at, front_last) >= min(QUIET_PERIOD_S, limit_s):
+                return True
+            await asyncio.sleep(min(FRONT_POLL_S, deadline - now))

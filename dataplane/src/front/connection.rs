@@ -141,6 +141,16 @@ impl Connection {
             self.refuse(reply, &head.path, "", Drain::Count).await;
             return false;
         }
+        if let Some(reply) =
+            self.shared.watchdog.stalled_answer(&head.method, &head.path, self.shared.settings.watchdog_stall)
+        {
+            // No body to frame on a kubelet GET: the connection goes on after the answer.
+            let keep_alive =
+                head.keep_alive() && head.get("content-length").is_none() && head.get("transfer-encoding").is_none();
+            self.buf.advance(head.length);
+            let request_id = request_id(head.get("x-request-id"));
+            return self.write_answer(&encode(&reply, &request_id, keep_alive), keep_alive).await;
+        }
         let Some(infer) = self.lane_for(&head) else {
             if forwardable(&head, self.shared.settings.max_body_bytes) {
                 return self.forward(head).await;

@@ -18,6 +18,7 @@ pub mod reply;
 pub mod settings;
 pub mod state;
 pub mod upstream;
+pub mod watchdog;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -34,6 +35,7 @@ use self::events::Events;
 use self::settings::Settings;
 use self::state::Snapshot;
 use self::upstream::Upstream;
+use self::watchdog::Watchdog;
 
 /// What every connection and request of one front shares.
 pub struct Shared {
@@ -52,6 +54,8 @@ pub struct Shared {
     pub handovers: AtomicU64,
     pub fast_requests: AtomicU64,
     pub in_flight: AtomicUsize,
+    /// Liveness of the runtime and of the control plane, each read by the other half.
+    pub watchdog: Watchdog,
 }
 
 impl Shared {
@@ -78,6 +82,7 @@ impl Shared {
             handovers: AtomicU64::new(0),
             fast_requests: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            watchdog: Watchdog::default(),
         }
     }
 
@@ -89,6 +94,9 @@ impl Shared {
 
 /// Accept connections until `stop` turns true; each connection is its own task.
 pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let beating = shared.clone();
+    let beat_stop = stop.clone();
+    tokio::spawn(async move { beating.watchdog.beat(beat_stop).await });
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,

@@ -22,6 +22,9 @@ pub struct Settings {
     pub queue_size_per_model: usize,
     pub block_non_finite_outputs: bool,
     pub access_log_sample_rate: f64,
+    /// liveness.watchdog_stall_s: the control plane silent for longer than this fails /healthz and
+    /// /readyz on the front itself (`watchdog`).
+    pub watchdog_stall: Duration,
 }
 
 impl Settings {

@@ -40,6 +40,8 @@ pub struct HttpFront {
     wake: Mutex<Option<UnixStream>>,
     /// Breakers by model, kept across snapshots (their counts are live).
     breakers: Mutex<HashMap<String, Arc<Breaker>>>,
+    runtime: tokio::runtime::Handle,
+    workers: usize,
 }
 
 fn secs(value: f64, key: &str) -> PyResult<Duration> {
@@ -85,6 +87,7 @@ impl HttpFront {
             queue_size_per_model: get("proxy.queue_size_per_model")? as usize,
             block_non_finite_outputs: get("proxy.block_non_finite_outputs")? != 0.0,
             access_log_sample_rate: get("logging.access_log_sample_rate")?,
+            watchdog_stall: secs(get("liveness.watchdog_stall_s")?, "liveness.watchdog_stall_s")?,
         };
         let address = (host, port)
             .to_socket_addrs()
@@ -101,7 +104,7 @@ impl HttpFront {
         let events = Events::waking(front_end);
         let metrics = metrics.inner.clone();
         // The runtime is built on its own thread: the upstream client must be made inside it.
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Arc<Shared>, String>>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(Arc<Shared>, tokio::runtime::Handle), String>>();
         let thread = std::thread::Builder::new()
             .name("sidecar-front".into())
             .spawn(move || {
@@ -127,12 +130,12 @@ impl HttpFront {
                     };
                     let shared =
                         Arc::new(Shared::new(settings, back, Upstream::new(upstream, timeout), metrics, events));
-                    let _ = ready_tx.send(Ok(shared.clone()));
+                    let _ = ready_tx.send(Ok((shared.clone(), tokio::runtime::Handle::current())));
                     accept_loop(listener, shared, stopped).await;
                 });
             })
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-        let shared =
+        let (shared, runtime) =
             ready_rx.recv().map_err(|e| PyRuntimeError::new_err(e.to_string()))?.map_err(PyRuntimeError::new_err)?;
         Ok(HttpFront {
             shared,
@@ -141,6 +144,8 @@ impl HttpFront {
             thread: Mutex::new(Some(thread)),
             wake: Mutex::new(Some(python_end)),
             breakers: Mutex::new(HashMap::new()),
+            runtime,
+            workers: workers.max(1),
         })
     }
 
@@ -175,6 +180,29 @@ impl HttpFront {
         self.shared.in_flight.load(Ordering::Relaxed)
     }
 
+    /// Seconds since the front's runtime last beat (watchdog::BEAT): /healthz fails past
+    /// liveness.watchdog_stall_s.
+    #[getter]
+    fn runtime_silent_for(&self) -> f64 {
+        self.shared.watchdog.runtime_silent_for().as_secs_f64()
+    }
+
+    /// Seconds since the control plane last touched the front (drained its events or published).
+    #[getter]
+    fn control_silent_for(&self) -> f64 {
+        self.shared.watchdog.control_silent_for().as_secs_f64()
+    }
+
+    /// Fault injection for the watchdog's test and for drills: block every thread of the front's
+    /// runtime for `seconds`, as a deadlock or a blocking call on a worker would.
+    fn stall_runtime(&self, seconds: f64) -> PyResult<()> {
+        let pause = secs(seconds, "seconds")?;
+        for _ in 0..self.workers {
+            self.runtime.spawn(async move { std::thread::sleep(pause) });
+        }
+        Ok(())
+    }
+
     /// Swap in the state requests read. `lanes`: (model, spec, hidden outputs or None, check
     /// non-finite); `ended`: (model, status, JSON body, Retry-After or None) for models whose
     /// requests at Triton must end now.
@@ -196,6 +224,7 @@ impl HttpFront {
             snapshot.ended.insert(model, Arc::new(Ended { status, body: Bytes::from(body), retry_after }));
         }
         self.shared.publish(snapshot);
+        self.shared.watchdog.control_seen();
         Ok(())
     }
 
@@ -204,6 +233,7 @@ impl HttpFront {
     /// outputs), ("ended", model, count), ("log", request_id, trace_id, model, path, status,
     /// duration_ms, reason), ("panic", model, message).
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        self.shared.watchdog.control_seen();
         let out = PyList::empty(py);
         for event in self.shared.events.drain() {
             let item: Bound<'py, PyTuple> = match event {
