@@ -385,7 +385,10 @@ impl<'a> Parser<'a> {
 
     /// The array opened at `open` read as a run of numbers, or None (position undefined) when an
     /// element is not a number; a syntax error inside the run is reported as it would be otherwise.
+    /// The position lives in a local while the run is read (a store to `self` per byte was a
+    /// dependency chain through memory on every element).
     fn numbers(&mut self, open: usize) -> Parsed<Option<Numbers<'a>>> {
+        let text = self.text;
         let mut run = Numbers {
             text: "",
             count: 0,
@@ -394,102 +397,110 @@ impl<'a> Parser<'a> {
             any_wide: false,
             below_exp10: i32::MIN,
         };
+        let mut at = self.pos;
         loop {
-            if !self.starts_number() {
+            let negative = text.get(at) == Some(&b'-');
+            if !text.get(at + usize::from(negative)).is_some_and(u8::is_ascii_digit) {
                 return Ok(None);
             }
-            let start = self.pos;
-            let negative = self.peek() == Some(b'-');
-            let (integer, below_exp10) = self.scan_number()?;
+            let (end, integer, below_exp10) = self.scan_number_at(at)?;
             run.count += 1;
             run.any_float |= !integer;
             if integer {
                 run.any_negative |= negative;
-                run.any_wide |= self.pos - start - usize::from(negative) > 18;
+                run.any_wide |= end - at - usize::from(negative) > 18;
             }
             run.below_exp10 = run.below_exp10.max(below_exp10);
-            self.skip_ws();
-            match self.peek() {
-                Some(b',') => {
-                    self.pos += 1;
-                    self.skip_ws();
-                }
+            at = skip_ws_at(text, end);
+            match text.get(at) {
+                Some(b',') => at = skip_ws_at(text, at + 1),
                 Some(b']') => {
-                    run.text = &self.source[open + 1..self.pos];
-                    self.pos += 1;
+                    run.text = &self.source[open + 1..at];
+                    self.pos = at + 1;
                     return Ok(Some(run));
                 }
-                _ => return Err(self.error("Missing a comma or ']' after an array element.")),
+                _ => {
+                    self.pos = at;
+                    return Err(self.error("Missing a comma or ']' after an array element."));
+                }
             }
         }
     }
 
     fn digits(&mut self) -> usize {
-        let n = self.text[self.pos..].iter().take_while(|b| b.is_ascii_digit()).count();
+        let n = digit_run(self.text, self.pos);
         self.pos += n;
         n
     }
 
     fn number(&mut self) -> Parsed<Value<'a>> {
         let start = self.pos;
-        let (integer, below_exp10) = self.scan_number()?;
-        Ok(Value::Number { text: &self.source[start..self.pos], integer, below_exp10 })
+        let (end, integer, below_exp10) = self.scan_number_at(start)?;
+        self.pos = end;
+        Ok(Value::Number { text: &self.source[start..end], integer, below_exp10 })
     }
 
-    /// Past one number: (no fraction or exponent, its magnitude is below 10^this). Small enough to
-    /// come back in registers: the run of a tensor's data builds no `Value` per element.
+    /// One number from `at`: (where it ends, no fraction or exponent, its magnitude is below
+    /// 10^this). Small enough to come back in registers: the run of a tensor's data builds no
+    /// `Value` per element. On an error `self.pos` is where it was found.
     #[inline]
-    fn scan_number(&mut self) -> Parsed<(bool, i32)> {
-        // Written without branches on the data where it can be: signs and leading digits of tensor
-        // data are random, and a mispredicted branch per number was a third of a 1 MB body's time.
-        self.pos += usize::from(self.peek() == Some(b'-'));
-        let int_start = self.pos;
-        let n = self.digits();
+    fn scan_number_at(&mut self, at: usize) -> Parsed<(usize, bool, i32)> {
+        // Written without branches on the data where it can be: signs and lengths of tensor data
+        // are random, and a mispredicted branch per number was a third of a 1 MB body's time.
+        let text = self.text;
+        let int_start = at + usize::from(text.get(at) == Some(&b'-'));
+        let n = digit_run(text, int_start);
         if n == 0 {
+            self.pos = int_start;
             return Err(self.error("Invalid value."));
         }
-        let leading_zero = self.text[int_start] == b'0';
-        if leading_zero && n > 1 {
-            // "01" is the number 0 followed by a stray digit, which the caller refuses.
-            self.pos = int_start + 1;
-        }
+        let leading_zero = text[int_start] == b'0';
+        // "01" is the number 0 followed by a stray digit, which the caller refuses.
+        let mut end = if leading_zero { int_start + 1 } else { int_start + n };
         // Digits of the integer part that count for the magnitude (a lone "0" counts none).
         let whole = if leading_zero { 0 } else { n as i64 };
         let mut integer = true;
-        if self.peek() == Some(b'.') {
+        if text.get(end) == Some(&b'.') {
             integer = false;
-            self.pos += 1;
-            if self.digits() == 0 {
+            let fraction = digit_run(text, end + 1);
+            end += 1;
+            if fraction == 0 {
+                self.pos = end;
                 return Err(self.error("Missing fraction part in number."));
             }
+            end += fraction;
         }
         let mut exponent: i64 = 0;
-        if let Some(b'e' | b'E') = self.peek() {
+        if let Some(b'e' | b'E') = text.get(end) {
             integer = false;
-            self.pos += 1;
-            let negative = match self.peek() {
-                Some(b'-') => {
-                    self.pos += 1;
-                    true
-                }
-                Some(b'+') => {
-                    self.pos += 1;
-                    false
-                }
-                _ => false,
-            };
-            let at = self.pos;
-            if self.digits() == 0 {
-                return Err(self.error("Missing exponent in number."));
-            }
-            // Bounded: an exponent past 10^6 is infinity or zero to every datatype alike.
-            exponent = self.source[at..self.pos].parse::<i64>().unwrap_or(i64::MAX).min(1_000_000);
-            if negative {
-                exponent = -exponent;
-            }
+            self.pos = end + 1;
+            exponent = self.exponent()?;
+            end = self.pos;
         }
         let below_exp10 = (whole + exponent).clamp(-2_000_000, 2_000_000) as i32;
-        Ok((integer, below_exp10))
+        Ok((end, integer, below_exp10))
+    }
+
+    /// An exponent's sign and digits, from `self.pos` (past the `e`).
+    fn exponent(&mut self) -> Parsed<i64> {
+        let negative = match self.peek() {
+            Some(b'-') => {
+                self.pos += 1;
+                true
+            }
+            Some(b'+') => {
+                self.pos += 1;
+                false
+            }
+            _ => false,
+        };
+        let at = self.pos;
+        if self.digits() == 0 {
+            return Err(self.error("Missing exponent in number."));
+        }
+        // Bounded: an exponent past 10^6 is infinity or zero to every datatype alike.
+        let exponent = self.source[at..self.pos].parse::<i64>().unwrap_or(i64::MAX).min(1_000_000);
+        Ok(if negative { -exponent } else { exponent })
     }
 
     fn string(&mut self) -> Parsed<Cow<'a, str>> {
@@ -589,8 +600,63 @@ impl<'a> Parser<'a> {
     }
 }
 
+/// Past the JSON white space at `at`.
+#[inline]
+fn skip_ws_at(text: &[u8], mut at: usize) -> usize {
+    while let Some(b' ' | b'\n' | b'\r' | b'\t') = text.get(at) {
+        at += 1;
+    }
+    at
+}
+
+/// How many ASCII digits `text` holds from `at` on. Eight bytes at a time, without a branch on the
+/// data: tensor data's numbers have random lengths, and a byte loop mispredicted its exit once or
+/// twice per number, which was half of a 1 MB body's time.
+#[inline]
+fn digit_run(text: &[u8], at: usize) -> usize {
+    let mut n = 0;
+    while let Some(chunk) = text.get(at + n..at + n + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let stop = non_digits(u64::from_le_bytes(word));
+        if stop != 0 {
+            return n + (stop.trailing_zeros() / 8) as usize;
+        }
+        n += 8;
+    }
+    n + text.get(at + n..).unwrap_or_default().iter().take_while(|b| b.is_ascii_digit()).count()
+}
+
+/// The high bit of each byte of `word` that is not an ASCII digit. Per byte, with no carry between
+/// bytes: x = b & 0x7f; x + 0x46 reaches 0x80 when x > b'9'; x + 0x50 stays below 0x80 when
+/// x < b'0'; and b's own high bit marks a byte above 0x7f.
+#[inline]
+fn non_digits(word: u64) -> u64 {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let x = word & LOW7;
+    let above_nine = x + 0x4646_4646_4646_4646;
+    let from_zero = x + 0x5050_5050_5050_5050;
+    (above_nine | !from_zero | word) & HIGH
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn digit_runs_are_counted_as_a_byte_loop_counts_them() {
+        for b in 0u8..=255 {
+            let word = u64::from_le_bytes([b; 8]);
+            assert_eq!(super::non_digits(word) != 0, !b.is_ascii_digit(), "byte {b}");
+        }
+        for text in ["", "1", "12345678", "123456789", "1234567,", "0.5", "12345678901234567890]", "-1", "9\u{ff}"] {
+            let bytes = text.as_bytes();
+            for at in 0..=bytes.len() {
+                let expected = bytes[at..].iter().take_while(|b| b.is_ascii_digit()).count();
+                assert_eq!(super::digit_run(bytes, at), expected, "{text:?} at {at}");
+            }
+        }
+    }
+
     use super::*;
 
     #[test]
