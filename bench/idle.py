@@ -114,7 +114,8 @@ def run_count(count: int, args: argparse.Namespace, workdir: Path, cycle: bool) 
         triton_start_s = time.monotonic() - started
         # The benchmarks' sidecar has no gRPC front unless asked (sidecar_settings); the shipped
         # default serves gRPC on 8081, so --grpc measures the default.
-        listen = {"grpc_port": free_port()} if args.grpc else {}
+        listen: dict[str, Any] = {"grpc_port": free_port()} if args.grpc else {}
+        listen["front"] = args.front
         sidecar = SidecarProcess(sidecar_settings(triton, models=names, golden_dir=built.golden_dir, listen=listen),
                                  workdir / "sidecar")
         stack.callback(sidecar.stop)
@@ -173,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds of py-spy on the sidecar at 10 models, if installed (default 30; 0: none)")
     parser.add_argument("--cycle-seconds", type=float, default=60.0,
                         help="probe-cycle timing at the largest count (default 60; 0 skips it)")
+    parser.add_argument("--front", choices=("python", "rust"), default="python",
+                        help="what serves listen.port (listen.front; default python)")
     parser.add_argument("--grpc", action="store_true",
                         help="with the gRPC front on, as the shipped default (listen.grpc_port 8081)")
     args = parser.parse_args(argv)
@@ -199,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"benchmark": "idle", "command": command_line(), "machine": machine,
               "settings": {"seconds": args.seconds, "models": counts, "cycle_seconds": args.cycle_seconds,
                            "grpc_front": args.grpc,
+                           "front": args.front,
                            "probes": "defaults (interval 5 s, jitter 0.1, timeout 2 s)", "golden_cases_per_model": 3},
               "rows": rows, "verdicts": verdicts}
     table = markdown(result)

@@ -40,7 +40,7 @@ async def record_reference(request: web.Request) -> web.Response:
     recorder = LiveRecorder(model, rows, version)
     done = asyncio.Event()
     recorder.on_done = done.set
-    monitor.recorders.setdefault(model, []).append(recorder)
+    monitor.add_recorder(recorder)
     try:
         async with asyncio.timeout(timeout_s):
             await done.wait()
@@ -48,9 +48,7 @@ async def record_reference(request: web.Request) -> web.Response:
         return web.json_response({"error": f"only {recorder.seen} of {rows} rows of {model} were answered within "
                                            f"{timeout_s:g} s"}, status=504)
     finally:
-        monitor.recorders[model].remove(recorder)
-        if not monitor.recorders[model]:
-            del monitor.recorders[model]
+        monitor.remove_recorder(recorder)
     sentinels = request.app[LIVE].config.drift.missing_sentinels.get(model, {})
     return web.json_response(recorder.reference(bins=bins, sentinels=sentinels))
 

@@ -41,10 +41,15 @@ from sidecar.states import ModelStates, Transition
 log = structlog.get_logger("sidecar.proxy")
 
 #: How often (s) the front's routine events (usable answers) are drained and its lanes looked at
-#: again. Events the health loop or the log must have now (a failure, NaN/Inf, a panic, an
-#: access-log line) wake the loop at once through a socket pair; state transitions are published
-#: at once; traffic alone never wakes Python.
+#: again while it serves. Events the health loop or the log must have now (a failure, NaN/Inf, a
+#: panic, an access-log line) wake the loop at once through a socket pair; state transitions,
+#: reloads and whatever takes a lane away (a rollout, a drift reference or recording, a spec
+#: dropped) publish at once; traffic alone never wakes Python.
 TICK_S = 0.05
+#: The tick when the front has served nothing since the last one: what it still catches (a model
+#: that may become a lane again, a spec fetched elsewhere) can wait this long, and an idle
+#: sidecar wakes once a second instead of twenty times (issue 30's idle bound).
+IDLE_TICK_S = 1.0
 
 Lane = tuple[str, Any, list[str] | None, bool]
 
@@ -108,6 +113,7 @@ class HttpFront:
         states: ModelStates = self.app[STATES]
         states.add_listener(self._on_transition)
         states.add_suspect_listener(self._on_suspect)
+        self.core.add_change_listener(self.publish)
         self._tick = asyncio.create_task(self._run_tick(), name="http-front-tick")
         self._wake = socket.socket(fileno=self._native.wake_fd())
         self._wake.setblocking(False)
@@ -189,8 +195,8 @@ class HttpFront:
                 continue
             if health.suspect or health.broken_versions or core.rollouts.get(model) is not None:
                 continue  # a hold, a fallback or a rollout: the Python chain routes these
-            if core.drift.has_reference(model):
-                continue
+            if core.drift.measures(model):
+                continue  # drift binning and live recording are the Python chain's
             spec = core.specs.cached(model, "")
             if spec is None:
                 self._warm(model)
@@ -233,13 +239,19 @@ class HttpFront:
         self._published = key
 
     async def _run_tick(self) -> None:
+        served: tuple[int, int] | None = None
+        delay = TICK_S
         while True:
-            await asyncio.sleep(TICK_S)
+            await asyncio.sleep(delay)
             try:
                 self._drain_events()
                 self.publish()
             except Exception:
                 log.exception("http_front_tick_failed")
+            assert self._native is not None
+            busy = (self._native.fast_requests, self._native.in_flight)
+            delay = TICK_S if busy != served else IDLE_TICK_S
+            served = busy
 
     # -- up: events -------------------------------------------------------------------------------------
 

@@ -163,6 +163,17 @@ class ServingCore:
         self._breakers: dict[str, Breaker] = {}
         self._policies: dict[str, OutputPolicy] = {}
         self._generate_limits: dict[str, GenerateLimits] = {}
+        #: Called after what decides how a model is served changed (a reload, a spec or the drift
+        #: references dropped): the Rust front publishes its lanes again at once.
+        self._change_listeners: list[Callable[[], None]] = []
+        self.drift.add_change_listener(self.changed)
+
+    def add_change_listener(self, listener: Callable[[], None]) -> None:
+        self._change_listeners.append(listener)
+
+    def changed(self) -> None:
+        for listener in self._change_listeners:
+            listener()
 
     # -- the chain of one inference, in order ------------------------------------------------------------
 
@@ -363,11 +374,13 @@ class ServingCore:
         self.rollouts.reconfigure(config.rollouts)
         self._policies.clear()
         self._generate_limits.clear()
+        self.changed()
 
     def forget_model(self, model: str) -> None:
         """Drop what is cached about a model whose golden files or spec changed."""
         self._policies.pop(model, None)
         self.specs.forget(model)
+        self.changed()
 
     def upstream_refusal(self, model: str, failure: UpstreamFailure, *, signal: bool = True) -> Refusal:
         """The refusal for a call to Triton that gave no usable answer, and the signal it sends."""

@@ -412,6 +412,32 @@ class DriftMonitor:
         self.recorders: dict[str, list[LiveRecorder]] = {}
         #: Why the last reload of the reference files was refused (file and key); None once one loads.
         self.refused: str | None = None
+        #: Told when which models are measured changes (references replaced, a recording begun or
+        #: ended): the Rust front serves only models nobody measures (sidecar.fronts.http_front).
+        self._listeners: list[Callable[[], None]] = []
+
+    def add_change_listener(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    def measures(self, model: str) -> bool:
+        """Requests to `model` are binned (a reference) or recorded (record-reference --live)."""
+        return model in self._models or model in self.recorders
+
+    def add_recorder(self, recorder: LiveRecorder) -> None:
+        self.recorders.setdefault(recorder.model, []).append(recorder)
+        self._changed()
+
+    def remove_recorder(self, recorder: LiveRecorder) -> None:
+        recorders = self.recorders.get(recorder.model, [])
+        if recorder in recorders:
+            recorders.remove(recorder)
+        if not recorders:
+            self.recorders.pop(recorder.model, None)
+        self._changed()
 
     # -- the request path -------------------------------------------------------------------------------
 
@@ -473,6 +499,7 @@ class DriftMonitor:
                     del self._windows[wkey]
         self._references = dict(references)
         self._models = {model for model, _ in self._references}
+        self._changed()
 
     def reconfigure(self, settings: DriftSection, *, count_nan: bool) -> None:
         if settings != self.settings or count_nan != self.count_nan:
