@@ -13,7 +13,7 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from sidecar.golden.cases import INFER, load_golden_dir, request_as_arrays
-from sidecar.health.infer_body import decode_answer, encode_request
+from sidecar.health.infer_body import EncodeRefused, decode_answer, encode_request
 from sidecar.protocol.answers import answer_tensors
 from tests.harness import GOLDEN
 
@@ -52,8 +52,11 @@ def test_a_named_output_is_asked_in_json_and_a_reserved_parameter_is_refused():
     assert body["outputs"] == [{"name": "scores", "parameters": {"binary_data": False}}]
     assert body["parameters"] == {"note": "x"} and encode_request(named) == _tritonclient_body(named)
     reserved = dataclasses.replace(case, request={**case.request, "parameters": {"priority": 1}})
-    with pytest.raises(InferenceServerException, match="reserved"):
+    with pytest.raises(EncodeRefused, match="reserved") as ours:
         encode_request(reserved)
+    with pytest.raises(InferenceServerException) as theirs:  # tritonclient refuses it in the same words
+        _tritonclient_body(reserved)
+    assert str(ours.value) == theirs.value.message()
 
 
 def test_binary_and_json_answers_decode_to_tritonclient_s_arrays():
@@ -102,3 +105,19 @@ def test_measuring_reads_the_numeric_outputs_of_the_same_decoding_and_nothing_of
     assert tensors[1][3].dtype == np.int32 and tensors[1][3].tolist() == [7, -8]
     for body, length in ((b"[]", None), (b"not json", None), (header, len(header))):
         assert answer_tensors(body, length) == ("", [])  # the last: binary sections missing
+
+
+def test_datatypes_map_to_numpy_as_tritonclient_maps_them():
+    # The running sidecar no longer imports tritonclient.utils (3.4 MB of ml_dtypes in every pod):
+    # its two maps are the sidecar's own, and must stay tritonclient's.
+    import ml_dtypes
+    from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
+
+    from sidecar.protocol.datatypes import numpy_dtype, v2_datatype
+
+    for datatype in ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16",
+                     "FP32", "FP64", "BF16", "BYTES", "NOPE"):
+        assert numpy_dtype(datatype) == triton_to_np_dtype(datatype), datatype
+    for kind in (np.bool_, np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32, np.int64,
+                 np.float16, np.float32, np.float64, ml_dtypes.bfloat16, np.object_, np.bytes_, np.str_, np.complex64):
+        assert v2_datatype(np.dtype(kind)) == np_to_triton_dtype(np.dtype(kind)), kind

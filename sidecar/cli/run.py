@@ -15,6 +15,7 @@ from sidecar import __version__
 from sidecar.app.factory import create_app
 from sidecar.app.probe_port import ProbeListener
 from sidecar.cli.arguments import EXIT_OK
+from sidecar.cli.memory import release_after_start
 from sidecar.config import SidecarConfig, load_config
 from sidecar.fronts.appkeys import HEALER, LIFECYCLE, LIVE
 from sidecar.fronts.http_front import http_server
@@ -77,6 +78,7 @@ async def serve(config: SidecarConfig, golden: dict, *, stop: asyncio.Event | No
              event_loop=event_loop_of(config))
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    release_after_start(loop)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, app[LIVE].request_reload)

@@ -17,21 +17,29 @@ from typing import Any
 
 import numpy as np
 import rapidjson
-from tritonclient.utils import (
-    TRITON_RESERVED_REQUEST_PARAMS,
-    TRITON_RESERVED_REQUEST_PARAMS_PREFIX,
-    np_to_triton_dtype,
-    raise_error,
-    triton_to_np_dtype,
-)
 
 from sidecar.golden.cases import GoldenCase, ReceivedOutput, request_as_arrays
 from sidecar.protocol.answers import decode_outputs
+from sidecar.protocol.datatypes import numpy_dtype, v2_datatype
+
+#: Request parameters Triton keeps for itself (tritonclient.utils' list, server/src/common.h).
+RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
+                                 "binary_data_output"})
+RESERVED_PARAMETER_PREFIX = "triton_"
+
+
+class EncodeRefused(ValueError):
+    """A golden case tritonclient would refuse to encode, with tritonclient's words (its
+    InferenceServerException; tritonclient.utils is not imported by a running sidecar)."""
+
+
+def raise_error(message: str) -> None:
+    raise EncodeRefused(message)
 
 
 def encode_request(case: GoldenCase) -> bytes:
     """The case's request as one JSON body (every tensor in JSON, none binary); raises
-    tritonclient's InferenceServerException where tritonclient would (a datatype the array does not
+    EncodeRefused where tritonclient would raise its InferenceServerException (a datatype the array does not
     have, BF16 or non-UTF-8 BYTES in JSON, a reserved request parameter)."""
     request: dict[str, Any] = {"inputs": [_input(name, datatype, array)
                                           for name, datatype, array in request_as_arrays(case)]}
@@ -42,7 +50,7 @@ def encode_request(case: GoldenCase) -> bytes:
     else:
         parameters["binary_data_output"] = True  # as tritonclient asks when no output is named
     for key, value in (case.request.get("parameters") or {}).items():
-        if key in TRITON_RESERVED_REQUEST_PARAMS or key.startswith(TRITON_RESERVED_REQUEST_PARAMS_PREFIX):
+        if key in RESERVED_PARAMETERS or key.startswith(RESERVED_PARAMETER_PREFIX):
             raise_error(f'Parameter "{key}" is a reserved parameter and cannot be specified.')
         parameters[key] = value
     if parameters:
@@ -51,7 +59,7 @@ def encode_request(case: GoldenCase) -> bytes:
 
 
 def _input(name: str, datatype: str, array: np.ndarray) -> dict[str, Any]:
-    got = np_to_triton_dtype(array.dtype)
+    got = v2_datatype(array.dtype)
     if got != datatype:
         raise_error(f"got unexpected datatype {got} from numpy array, expected {datatype}.")
     if datatype == "BF16":
@@ -77,6 +85,6 @@ def decode_answer(body: bytes, header_length: int | None) -> dict[str, ReceivedO
     sections), as tritonclient's `as_numpy` reads it. Raises ValueError for an answer that is not v2
     (the caller's 502), as tritonclient's parser did; the decoding is the data plane's
     (sidecar.protocol.answers)."""
-    _, outputs = decode_outputs(body, header_length, triton_to_np_dtype)
+    _, outputs = decode_outputs(body, header_length, numpy_dtype)
     return {name: ReceivedOutput(datatype=datatype, shape=shape, data=values.reshape(shape))
             for name, datatype, shape, values in outputs}

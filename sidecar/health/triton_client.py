@@ -27,10 +27,9 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-from tritonclient.utils import InferenceServerException
 
 from sidecar.golden.cases import GENERATE_STREAM, GoldenCase, ReceivedOutput
-from sidecar.health.infer_body import decode_answer, encode_request
+from sidecar.health.infer_body import EncodeRefused, decode_answer, encode_request
 from sidecar.messages import cut
 from sidecar.protocol.sse import EventSplitter, text_of
 from sidecar.protocol.triton_errors import (
@@ -69,21 +68,14 @@ class GenerateOutcome:
 
 
 def _translate(e: BaseException) -> Exception:
-    if isinstance(e, InferenceServerException):
-        try:
-            status = int(e.status() or 0)
-        except ValueError:
-            status = 0
-        if status:
-            return triton_error(status, _cut(str(e.message())))
-        return TritonUnavailable(_cut(str(e.message())))
+    if isinstance(e, EncodeRefused):
+        return TritonUnavailable(_cut(str(e)))
     if isinstance(e, (asyncio.TimeoutError, TimeoutError)):
         return TritonTimeout("no answer within the time limit")
     return TritonUnavailable(_cut(f"{type(e).__name__}: {e}"))
 
 
-_TRANSPORT_ERRORS = (aiohttp.ClientError, UpstreamError, OSError, asyncio.TimeoutError, InferenceServerException,
-                     ValueError)
+_TRANSPORT_ERRORS = (aiohttp.ClientError, UpstreamError, OSError, asyncio.TimeoutError, ValueError)
 
 
 class TritonClient:
@@ -208,7 +200,7 @@ class TritonClient:
             length = response.headers.get("inference-header-content-length")
             try:
                 outputs = decode_answer(raw, int(length) if length is not None else None)
-            except (InferenceServerException, ValueError, KeyError, TypeError) as e:
+            except (ValueError, KeyError, TypeError) as e:
                 raise TritonError(502, _cut(f"an answer that is not v2 JSON: {e}")) from e
             return InferOutcome(status=200, outputs=outputs)
 

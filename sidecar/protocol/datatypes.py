@@ -26,3 +26,28 @@ NUMPY_DTYPES: Mapping[str, Any] = {
 
 FLOAT_DATATYPES = frozenset({"FP16", "FP32", "FP64"})
 
+
+def numpy_dtype(datatype: str) -> Any:
+    """The numpy dtype of a v2 datatype, as tritonclient.utils.triton_to_np_dtype gives it (None for
+    an unknown one). BF16 is ml_dtypes.bfloat16, imported only when met: ml_dtypes costs 3.4 MB of
+    RSS in every sidecar, and BF16 golden cases are rare."""
+    if datatype == "BOOL":
+        return bool
+    if datatype == "BF16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return NUMPY_DTYPES.get(datatype)
+
+
+def v2_datatype(dtype: np.dtype) -> str | None:
+    """The v2 datatype of a numpy dtype, as tritonclient.utils.np_to_triton_dtype names it."""
+    if dtype == np.object_ or dtype.type == np.bytes_:
+        return "BYTES"
+    if dtype.name == "bfloat16":
+        return "BF16"
+    for datatype, numpy in NUMPY_DTYPES.items():
+        if datatype != "BYTES" and dtype == numpy:
+            return datatype
+    return None
+
