@@ -73,6 +73,8 @@ test: system-deps lint $(MLSERVER_VENV)/.installed
 	$(BIN)/python -m pytest
 	# The listener's bounds again, against the data plane's HTTP front (listen.front: rust).
 	SIDECAR_TEST_FRONT=rust $(BIN)/python -m pytest -q tests/test_http_limits.py tests/test_http_listener.py tests/test_proxy.py
+	# TLS terminated by the front (rustls): rotation, mutual TLS, SANs, handshake failures by reason.
+	SIDECAR_TEST_FRONT=rust $(BIN)/python -m pytest -q tests/test_tls.py
 
 clean:
 	rm -rf $(VENV) $(MLSERVER_VENV) .pytest_cache .ruff_cache .hypothesis dataplane/target sidecar/_dataplane*.so

@@ -63,13 +63,14 @@ class ListenSection:
     #: The event loop the sidecar serves on: "uvloop" (libuv; the bare wire costs 30-40 % less CPU per
     #: proxied request than on asyncio's own loop, the whole sidecar up to 18 % less, bench/RESULTS.md
     #: §1f) or "asyncio" (the standard library's; an escape hatch, same answers). With TLS on the
-    #: sidecar serves on asyncio's loop whatever this says (sidecar/cli/run.py: event_loop_of).
+    #: Python front the sidecar serves on asyncio's loop whatever this says (sidecar/cli/run.py:
+    #: event_loop_of).
     event_loop: str = "uvloop"
     #: What serves listen.port: "python" (the httptools listener and aiohttp, sidecar/fronts/
     #: http_listener.py) or "rust" (the data plane's front, sidecar/fronts/http_front.py: infer to a
     #: trusted model served without Python, everything else handed to the Python listener behind it
-    #: on loopback). The Rust front does not terminate TLS yet (issue 30): with tls.cert_file set,
-    #: keep "python".
+    #: on loopback). Either terminates TLS (tls.*): the Rust front with rustls, the same files,
+    #: rotation, mutual TLS and handshake-failure reasons.
     front: str = "python"
     #: Threads of the Rust front's runtime (listen.front: rust). 1 serves a few thousand requests a
     #: second on one core (Envoy's --concurrency 1); raise it only with the pod's CPU limit above
@@ -911,9 +912,6 @@ def _check_tls_keys(tls: Mapping[str, Any], listen: Mapping[str, Any], source: s
         raise ConfigError(f"{source}: key 'tls.client_ca_file' (mutual TLS) needs tls.cert_file and tls.key_file")
     if tls.get("client_allowed_sans") and not tls.get("client_ca_file"):
         raise ConfigError(f"{source}: key 'tls.client_allowed_sans' needs tls.client_ca_file (mutual TLS)")
-    if listen.get("front") == "rust" and tls.get("cert_file"):
-        raise ConfigError(f"{source}: key 'listen.front' is rust, which does not terminate TLS yet; "
-                          "set listen.front: python with tls.cert_file")
     probe_port = listen.get("probe_port", 0)
     if probe_port and probe_port in (listen.get("port", 8080), listen.get("grpc_port", 8081)):
         raise ConfigError(f"{source}: key 'listen.probe_port' must differ from listen.port and listen.grpc_port")

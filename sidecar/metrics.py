@@ -151,12 +151,9 @@ class SidecarMetrics:
         self.tls_cert_expiry = Gauge(f"{PREFIX}_tls_cert_expiry_timestamp_seconds", "notAfter of the certificate "
                                      "served now (Unix time), by tls.cert_file; a renewal that is not picked up "
                                      "shows here.", ["cert_file"], registry=registry)
-        self.tls_handshake_failures = Counter(f"{PREFIX}_tls_handshake_failures", "TLS connections refused, by "
-                                              "reason (not_tls, no_client_certificate, client_certificate_rejected, "
-                                              "client_san_not_allowed, protocol_version, timeout, client_closed, "
-                                              "other): every failed handshake on listen.port; on listen.grpc_port "
-                                              "only client_san_not_allowed (gRPC core fails the others unseen).",
-                                              ["reason"], registry=registry)
+        # tls_handshake_failures_total{reason}: counted by the data plane (either front terminates TLS on
+        # listen.port) and exported by DataPlaneCollector (_CONNECTION_COUNTERS); ServerTls makes its
+        # series at zero when tls.cert_file is set.
 
         # Version rollouts (sidecar.serving.rollouts, docs/rollouts.md)
         self.rollout_share = Gauge(f"{PREFIX}_rollout_share", "The candidate's share of unpinned traffic now.",
@@ -253,6 +250,10 @@ _CONNECTION_COUNTERS = (
      [("header",), ("keepalive",)]),
     ("lingering_ends", f"{PREFIX}_http_lingering_ends", "Connections closed after an early refusal, by what "
      "ended the lingering (client_closed, drained, time, idle, bytes).", ("how",), []),
+    ("tls_handshake_failures", f"{PREFIX}_tls_handshake_failures", "TLS connections refused, by reason (not_tls, "
+     "no_client_certificate, client_certificate_rejected, client_san_not_allowed, protocol_version, timeout, "
+     "client_closed, other): every failed handshake on listen.port; on listen.grpc_port only "
+     "client_san_not_allowed (gRPC core fails the others unseen).", ("reason",), []),
 )
 
 _IN_FLIGHT = (f"{PREFIX}_proxy_in_flight", "Proxied requests in progress, per model.", ["model"])

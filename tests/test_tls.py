@@ -54,7 +54,7 @@ from tests.tls_support import (
 
 ALLOWED_SAN = "spiffe://bank.example/ns/fraud/sa/scorer"
 
-#: With TLS on, `run` serves on asyncio's own loop (sidecar.cli.run.event_loop_of): so do these tests
+#: With TLS on the Python front, `run` serves on asyncio's own loop (sidecar.cli.run.event_loop_of): so do these tests
 #: (tests/conftest.py: pytest_asyncio_loop_factories).
 SERVES_ON_ASYNCIO_LOOP = True
 
@@ -222,6 +222,48 @@ async def test_run_serves_tls_on_both_ports_and_plaintext_probes_only_on_probe_p
     assert started[0]["event_loop"] == "asyncio"  # with TLS on, whatever listen.event_loop says
 
 
+async def test_run_with_the_rust_front_terminates_tls_there_and_keeps_uvloop(triton, ca, tmp_path):
+    """`listen.front: rust` with tls.cert_file starts (it was refused before the front had TLS): the
+    front serves HTTPS with the files Python loaded, the probe port stays plaintext, and Python's loop
+    is uvloop, since no TLS hand-over happens on it any more."""
+    volume = SecretVolume(tmp_path / "secret")
+    served = server_cert(ca)
+    volume.install(served, ca)
+    port, probe_port = free_port(), free_port()
+    env = {"SIDECAR_TRITON_URL": triton.url, "SIDECAR_LISTEN_HOST": "127.0.0.1", "SIDECAR_LISTEN_PORT": str(port),
+           "SIDECAR_LISTEN_GRPC_PORT": "0", "SIDECAR_LISTEN_PROBE_PORT": str(probe_port),
+           "SIDECAR_LISTEN_FRONT": "rust", "SIDECAR_TLS_CERT_FILE": str(volume.cert_file),
+           "SIDECAR_TLS_KEY_FILE": str(volume.key_file), "SIDECAR_MODELS": "credit_risk",
+           "SIDECAR_GOLDEN_DIR": str(GOLDEN), "SIDECAR_PROBES_INTERVAL_S": "0.3"}
+    process = subprocess.Popen([sys.executable, "-m", "sidecar", "run"], cwd=REPO, env={**os.environ, **env},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        await wait_for(lambda: (_plain_get(f"http://127.0.0.1:{probe_port}/readyz") or (0,))[0] == 200, 30,
+                       what="/readyz 200 on probe_port")
+        assert not (await _plaintext_answer(port)).startswith(b"HTTP/")
+        assert await served_serial(port, ca) == served.cert.serial_number
+        connection = await HttpsConnection.open(port, client_context(ca))
+        try:
+            status, body = await connection.request("POST", "/v2/models/credit_risk/infer",
+                                                    json.dumps(credit_json()).encode())
+            assert status == 200 and b"scores" in body, body
+        finally:
+            connection.close()
+        status, metrics = _plain_get(f"http://127.0.0.1:{probe_port}/metrics")  # type: ignore[misc]
+        assert status == 200 and b'triton_sidecar_tls_handshake_failures_total{reason="not_tls"} 1.0' in metrics
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            stdout, stderr = process.communicate()
+    assert process.returncode == 0, stderr
+    started = [json.loads(line) for line in stdout.splitlines() if '"sidecar_started"' in line]
+    assert started and started[0]["tls"] is True and started[0]["event_loop"] == "uvloop", stdout[-2000:]
+
+
 # -- serving over TLS ----------------------------------------------------------------------------------------------
 
 
@@ -312,6 +354,33 @@ async def test_a_renewed_certificate_serves_new_connections_within_2s_while_open
         await asyncio.gather(prober, return_exceptions=True)
         await probes.close()
     assert seen and set(seen) == {200}
+
+
+async def test_a_connection_whose_request_goes_to_the_python_app_stays_encrypted_to_its_end(
+        triton, start, ca, tmp_path):
+    """With listen.front: rust, a chunked infer to a pinned version is handed over with its connection
+    to the Python app behind the front; every answer on that connection still travels over TLS."""
+    volume = SecretVolume(tmp_path / "secret")
+    volume.install(server_cert(ca), ca)
+    sidecar = await started_and_healthy(start, tls_config(triton, volume, grpc_port=False))
+    x = features(rows=2, seed=11)
+    want = _direct_scores(triton, x)
+    body = json.dumps({"inputs": [{"name": "features", "shape": [2, 128], "datatype": "FP32",
+                                   "data": x.tolist()}]}).encode()
+    connection = await HttpsConnection.open(sidecar.server.port, client_context(ca))
+    try:
+        pinned, unpinned = "/v2/models/credit_risk/versions/1/infer", "/v2/models/credit_risk/infer"
+        for path, chunked in ((pinned, True), (unpinned, False)):
+            status, answer = await connection.request("POST", path, body, chunked=chunked)
+            assert status == 200, answer
+            scores = next(o for o in json.loads(answer)["outputs"] if o["name"] == "scores")
+            assert np.allclose(np.array(scores["data"], dtype=np.float32).reshape(want.shape), want)
+        status, metadata = await connection.request("GET", "/v2/models/credit_risk")
+        assert status == 200 and [o["name"] for o in json.loads(metadata)["outputs"]] == ["scores"]
+        assert sidecar.server.handovers >= 1
+    finally:
+        connection.close()
+    await wait_for(lambda: sidecar.server.open_connections == 0, 10, what="the connection closed")
 
 
 async def test_a_broken_renewal_is_refused_naming_the_file_and_the_old_certificate_stays(triton, start, ca, tmp_path):

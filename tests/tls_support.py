@@ -118,9 +118,15 @@ class HttpsConnection:
         return x509.load_der_x509_certificate(der).serial_number
 
     async def request(self, method: str, path: str, body: bytes = b"",
-                      content_type: str = "application/json") -> tuple[int, bytes]:
+                      content_type: str = "application/json", *, chunked: bool = False) -> tuple[int, bytes]:
+        """One request (its body in two chunks when `chunked`) and its answer's status and body."""
+        framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {len(body)}"
         head = (f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
+                f"{framing}\r\n\r\n").encode()
+        if chunked:
+            half = len(body) // 2
+            body = b"".join(f"{len(part):x}\r\n".encode() + part + b"\r\n" for part in (body[:half], body[half:]))
+            body += b"0\r\n\r\n"
         self.writer.write(head + body)
         await self.writer.drain()
         status_line = await asyncio.wait_for(self.reader.readline(), 30)

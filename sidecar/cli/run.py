@@ -39,11 +39,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def event_loop_of(config: SidecarConfig) -> str:
-    """The event loop the sidecar serves on: `listen.event_loop`, but asyncio's own with TLS on. The
-    listener hands each connection to TLS itself (fronts/tls.py: start_tls, to count handshake
-    failures by reason and check SANs before a byte is served); uvloop starts reading a new
-    connection before start_tls can take it over, so the ClientHello would reach the wrong protocol."""
-    return "asyncio" if config.tls.enabled else config.listen.event_loop
+    """The event loop the sidecar serves on: `listen.event_loop`, but asyncio's own with TLS on the
+    Python front. Its listener hands each connection to TLS itself (fronts/tls.py: start_tls, to count
+    handshake failures by reason and check SANs before a byte is served); uvloop starts reading a new
+    connection before start_tls can take it over, so the ClientHello would reach the wrong protocol.
+    The Rust front terminates TLS on its own runtime (rustls): Python's loop sees only plaintext."""
+    python_terminates_tls = config.tls.enabled and config.listen.front == "python"
+    return "asyncio" if python_terminates_tls else config.listen.event_loop
 
 
 def loop_factory(config: SidecarConfig) -> Callable[[], asyncio.AbstractEventLoop]:

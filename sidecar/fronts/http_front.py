@@ -10,6 +10,12 @@ quarantined, a per-model rule file, a drift reference, generate) is handed, with
 client sent, to the Python listener (sidecar.fronts.http_listener) on a loopback port behind it,
 which answers exactly as before.
 
+With `tls.cert_file` set the front terminates TLS itself (rustls, dataplane/src/front/tls.rs): the
+PEM bytes ServerTls loaded and checked are handed down at start and at every rotation its watch
+finds, mutual TLS and the allowed SANs are checked in the handshake, and failed handshakes are
+counted by reason in the data plane's atomics. The Python listener behind it stays plaintext on
+loopback.
+
 This module is the control plane's side of that boundary:
 - **down**: which models are lanes, with their spec, hidden outputs and NaN screening, and the
   refusal owed to requests at Triton when a model stops being trusted: published at once on every
@@ -31,14 +37,16 @@ import structlog
 from aiohttp import web
 
 from sidecar._dataplane import HttpFront as NativeFront
-from sidecar.fronts.appkeys import CONFIG, HEARTBEATS, LIFECYCLE, SERVING, STATES
+from sidecar.fronts.appkeys import CONFIG, HEARTBEATS, LIFECYCLE, SERVING, STATES, TLS
 from sidecar.fronts.http_listener import SidecarListener
+from sidecar.fronts.tls import HANDSHAKE_TIMEOUT_S, ServerTls, TlsFileError, TlsMaterial
 from sidecar.messages import cut
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
 from sidecar.serving.core import ServingCore
 from sidecar.states import ModelStates, Transition
 
 log = structlog.get_logger("sidecar.proxy")
+tls_log = structlog.get_logger("sidecar.tls")
 
 #: How often (s) the front's routine events (usable answers) are drained and its lanes looked at
 #: again while it serves. Events the health loop or the log must have now (a failure, NaN/Inf, a
@@ -101,10 +109,19 @@ class HttpFront:
             "proxy.block_non_finite_outputs": float(proxy.block_non_finite_outputs),
             "logging.access_log_sample_rate": config.logging.access_log_sample_rate,
             "liveness.watchdog_stall_s": config.liveness.watchdog_stall_s,
+            "tls.handshake_timeout_s": HANDSHAKE_TIMEOUT_S,
         }
         upstream = config.triton.url.split("://", 1)[-1].rstrip("/")
-        self._native = NativeFront(host, port, listen.max_connections, listen.workers, self.back.port, upstream,
-                                   {k: float(v) for k, v in limits.items()}, self.core.metrics.requests)
+        tls: ServerTls | None = self.app.get(TLS)
+        try:
+            self._native = NativeFront(host, port, listen.max_connections, listen.workers, self.back.port, upstream,
+                                       {k: float(v) for k, v in limits.items()}, self.core.metrics.requests,
+                                       tls=_tls_material(tls, tls.material) if tls is not None else None)
+        except ValueError as e:  # rustls refused what OpenSSL accepted: a start-up error naming the key
+            await self.back.close()
+            raise TlsFileError(str(e)) from e
+        if tls is not None:
+            tls.add_reload_listener(self._reload_tls)
         native = self._native
         self.app[HEARTBEATS].watch(FRONT_RUNTIME, lambda: native.runtime_silent_for)
         # SIGTERM's drain waits for the requests the front serves on its own too (in flight, and
@@ -169,6 +186,15 @@ class HttpFront:
             await asyncio.to_thread(self._native.close)
             self._drain_events()
         await self.back.close()
+
+    def _reload_tls(self, material: TlsMaterial) -> None:
+        """A rotation: new handshakes on the front use `material` from now on (open ones keep theirs)."""
+        if self._native is None:
+            return
+        try:
+            self._native.reload_tls(_tls_material(self.app[TLS], material))
+        except ValueError as e:
+            raise TlsFileError(str(e)) from e
 
     # -- down: lanes -------------------------------------------------------------------------------------
 
@@ -278,12 +304,14 @@ class HttpFront:
             if kind == "answered":
                 signals.upstream_answered(event[1])
             elif kind == "log":
-                _, request_id, trace_id, model, path, status, duration_ms, reason = event
+                _, request_id, trace_id, model, path, status, duration_ms, reason, client_subject = event
                 fields: dict[str, Any] = {"request_id": request_id, "trace_id": trace_id, "model": model,
                                           "protocol": "http", "method": "POST", "path": path, "status": status,
                                           "duration_ms": duration_ms}
                 if reason:
                     fields["reason"] = reason
+                if client_subject:
+                    fields["client_subject"] = client_subject
                 if status == 499:
                     log.info("client_disconnected", model=model, request_id=request_id,
                              cause="client closed the connection while Triton was answering; upstream call cancelled")
@@ -307,6 +335,16 @@ class HttpFront:
                                   "answered 503 with Retry-After and their connections to Triton closed")
             elif kind == "panic":
                 log.error("proxy_internal_error", model=event[1], cause=event[2], protocol="http")
+            elif kind == "tls_refused":
+                _, reason, client_subject = event
+                tls_log.warning("tls_client_refused", reason=reason, client_subject=client_subject)
+
+
+def _tls_material(tls: ServerTls, material: TlsMaterial) -> tuple[bytes, bytes, bytes | None, list[str], str]:
+    """What the front's rustls configuration is built from: the PEM bytes ServerTls checked, the
+    allowed client SANs and the lowest version."""
+    section = tls.section
+    return material.cert_pem, material.key_pem, material.ca_pem, list(section.client_allowed_sans), section.min_version
 
 
 def http_server(app: web.Application) -> SidecarListener | HttpFront:

@@ -745,7 +745,9 @@ class SidecarListener:
         loop = asyncio.get_running_loop()
         factory: Any = lambda: _Connection(self)  # noqa: E731
         tls = self.app.get(TLS)
-        if tls is not None:  # every connection completes a TLS handshake first (sidecar/fronts/tls.py)
+        # Every connection completes a TLS handshake first (sidecar/fronts/tls.py); behind the Rust
+        # front, which terminated it already, the loopback connections are plaintext.
+        if tls is not None and not self.behind_front:
             factory = tls.protocol_factory(factory)
         # The accept queue holds a burst as large as listen.max_connections (the kernel caps it at
         # net.core.somaxconn): asyncio's default of 100 dropped the SYNs of a larger burst, whose

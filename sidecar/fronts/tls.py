@@ -21,6 +21,10 @@ is the connection handed to the listener's protocol, which never knows the bytes
 
 The gRPC port builds its credentials from the same material (sidecar.fronts.grpc_tls, imported only
 with a gRPC port: grpc is about 12 MB of resident memory an HTTP-only sidecar never needs).
+
+With `listen.front: rust` the data plane terminates TLS on the HTTP port (dataplane/src/front/tls.rs,
+rustls): it reads no file itself, so the PEM bytes checked here are handed to it at start and again
+at every rotation (`add_reload_listener`); it counts its failed handshakes under the same reasons.
 """
 
 from __future__ import annotations
@@ -201,14 +205,21 @@ class ServerTls:
         self.generation = 0
         self.allowed_sans = frozenset(section.client_allowed_sans)
         self.mutual = bool(section.client_ca_file)
+        #: Told of every new set before it is in force (the Rust front's rustls configuration): one
+        #: that raises TlsFileError refuses the set, as a file that does not load does.
+        self._reload_listeners: list[Callable[[TlsMaterial], None]] = []
         metrics.reload_failures.labels(what="tls")
-        for reason in HANDSHAKE_REASONS:
-            metrics.tls_handshake_failures.labels(reason=reason)
+        for reason in HANDSHAKE_REASONS:  # the series, at zero (counted by the data plane's atomics)
+            metrics.requests.tls_handshake_failed(reason, 0)
         self._served(self.material)
 
     @property
     def context(self) -> ssl.SSLContext:
         return self.material.context
+
+    def add_reload_listener(self, listener: Callable[[TlsMaterial], None]) -> None:
+        """`listener(material)` is called with each new set before it is put in force."""
+        self._reload_listeners.append(listener)
 
     def _files(self) -> list[str]:
         return [f for f in (self.section.cert_file, self.section.key_file, self.section.client_ca_file) if f]
@@ -231,6 +242,8 @@ class ServerTls:
         self._seen = keys
         try:
             material = load_material(self.section, now=self._clock)
+            for listener in self._reload_listeners:
+                listener(material)
         except TlsFileError as e:
             self._metrics.reload_failures.labels(what="tls").inc()
             log.error("tls_reload_refused", cause=str(e), serial=f"{self.material.serial:x}",
@@ -260,7 +273,7 @@ class ServerTls:
     # -- HTTP ---------------------------------------------------------------------------------------------
 
     def handshake_failed(self, reason: str) -> None:
-        self._metrics.tls_handshake_failures.labels(reason=reason).inc()
+        self._metrics.requests.tls_handshake_failed(reason)
 
     def client_refusal(self, peercert: dict[str, Any] | None) -> str:
         """Why a verified client certificate may not talk to us ("" when it may)."""

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::sleep_until;
@@ -58,17 +58,34 @@ enum Drain {
     Chunked(Chunked),
 }
 
-pub struct Connection {
-    stream: TcpStream,
+/// A client connection over `S`: a TcpStream, or a TLS stream over one (the handshake is done
+/// before the connection is made: front/tls.rs).
+pub struct Connection<S> {
+    stream: S,
     shared: Arc<Shared>,
     stop: watch::Receiver<bool>,
     buf: BytesMut,
     answered_any: bool,
+    /// The client certificate's subject (mutual TLS), for the access log; "" without one.
+    client_subject: Arc<str>,
 }
 
-impl Connection {
-    pub fn new(stream: TcpStream, shared: Arc<Shared>, stop: watch::Receiver<bool>) -> Self {
-        Connection { stream, shared, stop, buf: BytesMut::with_capacity(16 * 1024), answered_any: false }
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
+    pub fn new(stream: S, shared: Arc<Shared>, stop: watch::Receiver<bool>) -> Self {
+        Connection {
+            stream,
+            shared,
+            stop,
+            buf: BytesMut::with_capacity(16 * 1024),
+            answered_any: false,
+            client_subject: Arc::from(""),
+        }
+    }
+
+    /// The subject of the certificate the client presented in its TLS handshake.
+    pub fn with_client_subject(mut self, client_subject: Arc<str>) -> Self {
+        self.client_subject = client_subject;
+        self
     }
 
     pub async fn run(mut self) {
@@ -124,7 +141,7 @@ impl Connection {
                 // 408 and close at once: a client that trickles its headers is not one that reads
                 // answers (lingering would hold its descriptor longer still).
                 let request_id = self.count_refusal(&reply, "", "");
-                let _ = self.stream.write_all(&encode(&reply, &request_id, false)).await;
+                let _ = send(&mut self.stream, &encode(&reply, &request_id, false)).await;
             } else {
                 let phase = if self.answered_any { "keepalive" } else { "header" };
                 self.shared.metrics.connection_timeouts.inc(&[phase]);
@@ -181,7 +198,7 @@ impl Connection {
             return false;
         }
         let expects = head.get("expect").is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"));
-        if expects && self.stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.is_err() {
+        if expects && send(&mut self.stream, b"HTTP/1.1 100 Continue\r\n\r\n").await.is_err() {
             return false;
         }
         // The body, within proxy.client_body_timeout_s.
@@ -243,6 +260,7 @@ impl Connection {
             path: head.path.clone(),
             started,
             request_id,
+            client_subject: self.client_subject.clone(),
         };
         let keep_alive = head.keep_alive();
         let Some(reply_bytes) = self.answer(infer, keep_alive).await else { return false };
@@ -251,7 +269,7 @@ impl Connection {
 
     /// Write a whole answer; false when the connection is done (the client gone, or not kept alive).
     async fn write_answer(&mut self, bytes: &[u8], keep_alive: bool) -> bool {
-        if self.stream.write_all(bytes).await.is_err() {
+        if send(&mut self.stream, bytes).await.is_err() {
             return false;
         }
         self.answered_any = true;
@@ -301,6 +319,7 @@ impl Connection {
                             request_id, trace_id: trace, model, path: cut(&path, 200), status: 499,
                             duration_ms: (seconds * 100_000.0).round() / 100.0,
                             reason: "client_disconnected".to_owned(),
+                            client_subject: self.client_subject.clone(),
                         }));
                         return None;
                     }
@@ -409,7 +428,7 @@ impl Connection {
         self.shared.handovers.fetch_add(1, Ordering::Relaxed);
         let Ok(mut back) = TcpStream::connect(self.shared.back).await else {
             let reply = refusal("internal_error", 500, "the sidecar's own app is not reachable", "", &[]);
-            let _ = self.stream.write_all(&encode(&reply, &request_id(None), false)).await;
+            let _ = send(&mut self.stream, &encode(&reply, &request_id(None), false)).await;
             return;
         };
         let _ = back.set_nodelay(true);
@@ -435,6 +454,7 @@ impl Connection {
             status: reply.status,
             duration_ms: 0.0,
             reason: reply.reason.to_owned(),
+            client_subject: self.client_subject.clone(),
         }));
         id
     }
@@ -446,7 +466,7 @@ impl Connection {
         let settings = self.shared.settings.clone();
         let metrics = self.shared.metrics.clone();
         let ends = |how: &str| metrics.lingering_ends.inc(&[how]);
-        if self.stream.write_all(&encode(&reply, &request_id, false)).await.is_err() {
+        if send(&mut self.stream, &encode(&reply, &request_id, false)).await.is_err() {
             ends("client_closed"); // gone before the answer could be written
             return;
         }
@@ -504,6 +524,13 @@ impl Connection {
             }
         }
     }
+}
+
+/// Write `bytes` whole and out of any buffer: a TLS stream keeps what the socket would not take yet
+/// until it is flushed (a TcpStream's flush does nothing).
+async fn send<S: AsyncWrite + Unpin>(stream: &mut S, bytes: &[u8]) -> std::io::Result<()> {
+    stream.write_all(bytes).await?;
+    stream.flush().await
 }
 
 /// Headers of one hop, never relayed (RFC 9110 §7.6.1), plus the framing each hop writes itself.

@@ -3,7 +3,7 @@
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
@@ -35,6 +35,12 @@ pub enum Event {
         model: String,
         message: String,
     },
+    /// A verified client certificate refused in the handshake (tls.client_allowed_sans), for the
+    /// log's tls_client_refused (the counter is counted where the handshake fails).
+    TlsRefused {
+        reason: &'static str,
+        client_subject: String,
+    },
 }
 
 /// One access-log line (every failure, a sample of the rest), with sidecar.serving.telemetry's fields.
@@ -47,6 +53,8 @@ pub struct AccessRecord {
     pub status: u16,
     pub duration_ms: f64,
     pub reason: String,
+    /// The client certificate's RFC 4514 subject (mutual TLS), "" without one.
+    pub client_subject: Arc<str>,
 }
 
 #[derive(Default)]

@@ -29,6 +29,8 @@ pub struct Infer {
     pub body: Bytes,
     pub path: String,
     pub started: Instant,
+    /// The client certificate's subject (mutual TLS), for the access log; "" without one.
+    pub client_subject: Arc<str>,
 }
 
 /// Serve one request; the answer is always one the client can read (never an error).
@@ -58,6 +60,7 @@ pub fn finish(shared: &Shared, request: &Infer, reply: &Reply) {
             status: reply.status,
             duration_ms: (seconds * 100_000.0).round() / 100.0,
             reason: reply.reason.to_owned(),
+            client_subject: request.client_subject.clone(),
         }));
     }
 }

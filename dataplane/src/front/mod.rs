@@ -9,7 +9,8 @@
 //! loopback port behind it, which answers it exactly as before.
 //!
 //! State comes down as snapshots (`state`, swapped atomically, read without a lock); what the health
-//! loop must hear goes up as events (`events`, drained by Python in batches).
+//! loop must hear goes up as events (`events`, drained by Python in batches). With tls.cert_file set,
+//! each connection's TLS handshake comes first (`tls`); the connection then serves HTTP inside it.
 
 pub mod connection;
 pub mod events;
@@ -17,6 +18,7 @@ pub mod lane;
 pub mod reply;
 pub mod settings;
 pub mod state;
+pub mod tls;
 pub mod upstream;
 pub mod watchdog;
 
@@ -26,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::metrics::request::RequestMetrics;
@@ -48,7 +50,10 @@ pub struct Shared {
     pub state: ArcSwap<Snapshot>,
     /// Bumped at every publish: a request at Triton looks again whether its model is still trusted.
     pub published: watch::Sender<u64>,
-    pub events: Events,
+    /// Shared with the TLS client verifier, which reports the clients it refuses for their SANs.
+    pub events: Arc<Events>,
+    /// TLS on listen.port (tls.cert_file set): every connection's handshake, then HTTP inside it.
+    pub tls: Option<tls::Terminator>,
     pub metrics: Arc<RequestMetrics>,
     pub open_connections: AtomicUsize,
     pub handovers: AtomicU64,
@@ -64,7 +69,7 @@ impl Shared {
         back: SocketAddr,
         upstream: Upstream,
         metrics: Arc<RequestMetrics>,
-        events: Events,
+        events: Arc<Events>,
     ) -> Self {
         // The Python app applies its own bounds (holds, Triton's timeout); this one only ends a
         // call it never answers.
@@ -77,6 +82,7 @@ impl Shared {
             state: ArcSwap::from_pointee(Snapshot::default()),
             published: watch::channel(0).0,
             events,
+            tls: None,
             metrics,
             open_connections: AtomicUsize::new(0),
             handovers: AtomicU64::new(0),
@@ -139,12 +145,31 @@ pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: w
         let stop = stop.clone();
         tokio::spawn(async move {
             let counted = Counted(shared.clone());
-            connection::Connection::new(stream, shared, stop).run().await;
+            serve_connection(stream, shared, stop).await;
             drop(counted);
         });
     }
     drop(listener);
     drain(&shared).await;
+}
+
+/// One accepted connection to its end: over TLS when tls.cert_file is set (the handshake first,
+/// bounded, its failure counted by reason and never served), else in plaintext.
+async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let Some(terminator) = &shared.tls else {
+        connection::Connection::new(stream, shared, stop).run().await;
+        return;
+    };
+    let accepted = tokio::select! {
+        accepted = terminator.accept(stream) => accepted,
+        _ = stop.wait_for(|stopped| *stopped) => return,
+    };
+    match accepted {
+        Ok(tls::Accepted { stream, client_subject }) => {
+            connection::Connection::new(stream, shared, stop).with_client_subject(client_subject).run().await;
+        }
+        Err(reason) => shared.metrics.tls_handshake_failures.inc(&[reason]),
+    }
 }
 
 /// Wait for the requests in flight (bounded by proxy.upstream_timeout_s) before the runtime ends.

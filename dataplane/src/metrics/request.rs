@@ -29,6 +29,9 @@ pub struct RequestMetrics {
     pub connection_timeouts: CounterFamily,
     /// ...triton_sidecar_http_lingering_ends_total{how}
     pub lingering_ends: CounterFamily,
+    /// triton_sidecar_tls_handshake_failures_total{reason}: handshakes failed on listen.port
+    /// (whichever front terminates TLS) and SAN refusals on listen.grpc_port.
+    pub tls_handshake_failures: CounterFamily,
 }
 
 impl RequestMetrics {
@@ -45,6 +48,7 @@ impl RequestMetrics {
             connections_refused: CounterFamily::default(),
             connection_timeouts: CounterFamily::default(),
             lingering_ends: CounterFamily::default(),
+            tls_handshake_failures: CounterFamily::default(),
         }
     }
 

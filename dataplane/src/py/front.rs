@@ -21,6 +21,7 @@ use std::os::unix::net::UnixStream;
 use crate::front::events::{Event, Events};
 use crate::front::settings::Settings;
 use crate::front::state::{Breaker, Ended, Lane, Snapshot};
+use crate::front::tls::{server_config, Terminator, TlsMaterial};
 use crate::front::upstream::Upstream;
 use crate::front::{accept_loop, Shared};
 
@@ -29,6 +30,14 @@ use super::validation::RequestSpec;
 
 /// (model, its spec, hidden outputs or None, look for NaN/Inf) as Python publishes a lane.
 type LaneTuple<'py> = (String, PyRef<'py, RequestSpec>, Option<Vec<String>>, bool);
+
+/// (certificate chain PEM, key PEM, client CA bundle PEM or None, allowed client SANs, min version)
+/// as sidecar/fronts/tls.py loaded and checked them.
+type TlsTuple = (Vec<u8>, Vec<u8>, Option<Vec<u8>>, Vec<String>, String);
+
+fn material((cert_chain_pem, key_pem, client_ca_pem, allowed_sans, min_version): TlsTuple) -> TlsMaterial {
+    TlsMaterial { cert_chain_pem, key_pem, client_ca_pem, allowed_sans, min_version }
+}
 
 #[pyclass(module = "sidecar._dataplane")]
 pub struct HttpFront {
@@ -52,9 +61,11 @@ fn secs(value: f64, key: &str) -> PyResult<Duration> {
 impl HttpFront {
     /// Bind `host:port` (0: any free port) with an accept queue of `backlog`, and serve on
     /// `workers` runtime threads. `back_port`: the Python app on 127.0.0.1; `upstream`: Triton's
-    /// HTTP "host:port". `limits` holds the settings by their configuration keys.
+    /// HTTP "host:port". `limits` holds the settings by their configuration keys. `tls`: the
+    /// material to serve TLS with (None: plaintext); `tls.handshake_timeout_s` in `limits` bounds
+    /// a handshake.
     #[new]
-    #[pyo3(signature = (host, port, backlog, workers, back_port, upstream, limits, metrics))]
+    #[pyo3(signature = (host, port, backlog, workers, back_port, upstream, limits, metrics, tls = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         host: &str,
@@ -65,6 +76,7 @@ impl HttpFront {
         upstream: String,
         limits: HashMap<String, f64>,
         metrics: PyRef<'_, RequestMetrics>,
+        tls: Option<TlsTuple>,
     ) -> PyResult<Self> {
         let get = |key: &str| -> PyResult<f64> {
             limits.get(key).copied().ok_or_else(|| PyValueError::new_err(format!("HttpFront: missing limit {key}")))
@@ -101,7 +113,16 @@ impl HttpFront {
         let (stop, stopped) = watch::channel(false);
         let (front_end, python_end) = UnixStream::pair().map_err(|e| PyOSError::new_err(e.to_string()))?;
         front_end.set_nonblocking(true).map_err(|e| PyOSError::new_err(e.to_string()))?;
-        let events = Events::waking(front_end);
+        let events = Arc::new(Events::waking(front_end));
+        let terminator = match tls {
+            None => None,
+            Some(tls) => {
+                let timeout = secs(get("tls.handshake_timeout_s")?, "tls.handshake_timeout_s")?;
+                let config =
+                    server_config(&material(tls), events.clone()).map_err(|e| PyValueError::new_err(e.to_string()))?;
+                Some(Terminator::new(config, timeout))
+            }
+        };
         let metrics = metrics.inner.clone();
         // The runtime is built on its own thread: the upstream client must be made inside it.
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(Arc<Shared>, tokio::runtime::Handle), String>>();
@@ -128,8 +149,9 @@ impl HttpFront {
                             return;
                         }
                     };
-                    let shared =
-                        Arc::new(Shared::new(settings, back, Upstream::new(upstream, timeout), metrics, events));
+                    let mut shared = Shared::new(settings, back, Upstream::new(upstream, timeout), metrics, events);
+                    shared.tls = terminator;
+                    let shared = Arc::new(shared);
                     let _ = ready_tx.send(Ok((shared.clone(), tokio::runtime::Handle::current())));
                     accept_loop(listener, shared, stopped).await;
                 });
@@ -147,6 +169,18 @@ impl HttpFront {
             runtime,
             workers: workers.max(1),
         })
+    }
+
+    /// Serve new TLS handshakes with this material from now on (a rotation); connections already
+    /// open keep theirs. ValueError when rustls refuses it (the material in force stays).
+    fn reload_tls(&self, tls: TlsTuple) -> PyResult<()> {
+        let Some(terminator) = &self.shared.tls else {
+            return Err(PyRuntimeError::new_err("this front serves plaintext: it was started without tls"));
+        };
+        let config = server_config(&material(tls), self.shared.events.clone())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        terminator.swap(config);
+        Ok(())
     }
 
     /// The descriptor Python's loop watches for urgent events (its owner from now on: call once).
@@ -231,7 +265,8 @@ impl HttpFront {
     /// Everything the front queued since the last call, oldest first, as tuples:
     /// ("answered", model, count), ("failed", model, kind, status, detail), ("non_finite", model,
     /// outputs), ("ended", model, count), ("log", request_id, trace_id, model, path, status,
-    /// duration_ms, reason), ("panic", model, message).
+    /// duration_ms, reason, client_subject), ("panic", model, message), ("tls_refused", reason,
+    /// client_subject).
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.shared.watchdog.control_seen();
         let out = PyList::empty(py);
@@ -243,9 +278,22 @@ impl HttpFront {
                 }
                 Event::NonFinite { model, outputs } => ("non_finite", model, outputs).into_pyobject(py)?,
                 Event::Ended { model, count } => ("ended", model, count).into_pyobject(py)?,
-                Event::Log(r) => ("log", r.request_id, r.trace_id, r.model, r.path, r.status, r.duration_ms, r.reason)
+                Event::Log(r) => (
+                    "log",
+                    r.request_id,
+                    r.trace_id,
+                    r.model,
+                    r.path,
+                    r.status,
+                    r.duration_ms,
+                    r.reason,
+                    r.client_subject.as_ref(),
+                )
                     .into_pyobject(py)?,
                 Event::Panic { model, message } => ("panic", model, message).into_pyobject(py)?,
+                Event::TlsRefused { reason, client_subject } => {
+                    ("tls_refused", reason, client_subject).into_pyobject(py)?
+                }
             };
             out.append(item)?;
         }

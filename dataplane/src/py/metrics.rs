@@ -67,6 +67,12 @@ impl RequestMetrics {
         self.inner.lingering_ends.inc(&[how]);
     }
 
+    /// `n` TLS handshakes failed for `reason` (0: only make the series, shown at zero).
+    #[pyo3(signature = (reason, n = 1))]
+    fn tls_handshake_failed(&self, reason: &str, n: u64) {
+        self.inner.tls_handshake_failures.add(&[reason], n);
+    }
+
     /// Requests counted under (protocol, model, code), 0 when none.
     fn requests(&self, protocol: &str, model: &str, code: &str) -> u64 {
         self.inner.requests.value(&[protocol, model, code]).unwrap_or(0)
@@ -91,6 +97,7 @@ impl RequestMetrics {
             ("connections_refused", &m.connections_refused),
             ("connection_timeouts", &m.connection_timeouts),
             ("lingering_ends", &m.lingering_ends),
+            ("tls_handshake_failures", &m.tls_handshake_failures),
         ] {
             out.set_item(name, family.samples())?;
         }
