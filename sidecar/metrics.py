@@ -111,7 +111,7 @@ class SidecarMetrics:
         # Proxy
         # The per-request families are counted by the data plane (atomics in sidecar._dataplane) and read
         # by a collector at scrape time: same names, labels and buckets as ever.
-        self.requests = RequestMetrics(list(LATENCY_BUCKETS))
+        self.requests = RequestMetrics(list(LATENCY_BUCKETS), [float(b) for b in EVENT_COUNT_BUCKETS])
         registry.register(DataPlaneCollector(self.requests))
         self.quarantined = Counter(f"{PREFIX}_proxy_quarantined", "Requests to a quarantined model, by outcome "
                                    "(rejected, held_released, held_timeout, suspect_released, suspect_refused, "
@@ -129,20 +129,8 @@ class SidecarMetrics:
                                           "golden files (probed by readiness and metadata only).", ["model"],
                                           registry=registry)
 
-        # Generate streams (server-sent events from decoupled models)
-        self.stream_first_event = Histogram(f"{PREFIX}_stream_first_event_seconds",
-                                            "From the request to the first event sent to the client.",
-                                            ["model"], buckets=LATENCY_BUCKETS, registry=registry)
-        self.stream_inter_event = Histogram(f"{PREFIX}_stream_inter_event_seconds",
-                                            "Between two events of one stream, as sent to the client.",
-                                            ["model"], buckets=LATENCY_BUCKETS, registry=registry)
-        self.stream_events = Histogram(f"{PREFIX}_stream_events", "Events sent in one stream.", ["model"],
-                                       buckets=EVENT_COUNT_BUCKETS, registry=registry)
-        self.streams_in_flight = Gauge(f"{PREFIX}_streams_in_flight", "Generate streams open, per model.",
-                                       ["model"], registry=registry)
-        self.stream_endings = Counter(f"{PREFIX}_stream_endings", "Generate streams by how they ended "
-                                      "(complete, or the reason of their error event).", ["model", "outcome"],
-                                      registry=registry)
+        # Generate streams (server-sent events from decoupled models): the data plane's families too
+        # (DataPlaneCollector, _STREAM_HISTOGRAMS), whichever front relays the stream.
 
         # Client connections on listen.port: counted by the data plane (whichever front holds them) and
         # exported by DataPlaneCollector (_CONNECTION_COUNTERS, _CONNECTIONS_OPEN).
@@ -264,6 +252,20 @@ _CONNECTIONS_OPEN = (f"{PREFIX}_http_connections", "Client connections open on l
 _DURATION = (f"{PREFIX}_proxy_request_duration_seconds", "Proxied request duration, as the client saw it.",
              ("protocol", "model"))
 
+#: The streams' histograms: (key in RequestMetrics.collect(), name, help, bucket bounds), by model.
+_STREAM_HISTOGRAMS = (
+    ("stream_first_event", f"{PREFIX}_stream_first_event_seconds", "From the request to the first event sent to "
+     "the client.", LATENCY_BUCKETS),
+    ("stream_inter_event", f"{PREFIX}_stream_inter_event_seconds", "Between two events of one stream, as sent "
+     "to the client.", LATENCY_BUCKETS),
+    ("stream_events", f"{PREFIX}_stream_events", "Events sent in one stream.", EVENT_COUNT_BUCKETS),
+)
+
+_STREAMS_IN_FLIGHT = (f"{PREFIX}_streams_in_flight", "Generate streams open, per model.", ["model"])
+
+_STREAM_ENDINGS = (f"{PREFIX}_stream_endings", "Generate streams by how they ended (complete, or the reason of "
+                   "their error event).", ("model", "outcome"))
+
 
 class DataPlaneCollector:
     """The data plane's per-request counters, as Prometheus families at scrape time (one read of the
@@ -272,6 +274,8 @@ class DataPlaneCollector:
     def __init__(self, native: RequestMetrics) -> None:
         self._native = native
         self._bounds = [*(_le(b) for b in LATENCY_BUCKETS), "+Inf"]
+        self._stream_bounds = {key: [*(_le(float(b)) for b in bounds), "+Inf"]
+                               for key, _, _, bounds in _STREAM_HISTOGRAMS}
 
     def describe(self) -> Iterator[Metric]:
         """The families without samples: what the registry checks names against."""
@@ -282,6 +286,10 @@ class DataPlaneCollector:
             yield CounterMetricFamily(name, help_text, labels=labels)
         yield GaugeMetricFamily(*_CONNECTIONS_OPEN)
         yield GaugeMetricFamily(*_IN_FLIGHT)
+        for _, name, help_text, _ in _STREAM_HISTOGRAMS:
+            yield HistogramMetricFamily(name, help_text, labels=["model"])
+        yield GaugeMetricFamily(_STREAMS_IN_FLIGHT[0], _STREAMS_IN_FLIGHT[1], labels=_STREAMS_IN_FLIGHT[2])
+        yield CounterMetricFamily(_STREAM_ENDINGS[0], _STREAM_ENDINGS[1], labels=_STREAM_ENDINGS[2])
 
     def collect(self) -> Iterator[Metric]:
         now = self._native.collect()
@@ -308,6 +316,19 @@ class DataPlaneCollector:
         for values, value in now["in_flight"]:
             in_flight.add_metric(values, value)
         yield in_flight
+        for key, name, help_text, _ in _STREAM_HISTOGRAMS:
+            histogram = HistogramMetricFamily(name, help_text, labels=["model"])
+            for values, cumulative, total in now[key]:
+                histogram.add_metric(values, list(zip(self._stream_bounds[key], cumulative, strict=True)), total)
+            yield histogram
+        streams = GaugeMetricFamily(_STREAMS_IN_FLIGHT[0], _STREAMS_IN_FLIGHT[1], labels=_STREAMS_IN_FLIGHT[2])
+        for values, value in now["streams_in_flight"]:
+            streams.add_metric(values, value)
+        yield streams
+        endings = CounterMetricFamily(_STREAM_ENDINGS[0], _STREAM_ENDINGS[1], labels=_STREAM_ENDINGS[2])
+        for values, count in now["stream_endings"]:
+            endings.add_metric(values, count)
+        yield endings
 
 
 def _le(bound: float) -> str:

@@ -1,9 +1,10 @@
 """The data plane's HTTP front (`listen.front: rust`, sidecar/fronts/http_front.py), against the real
 shared Triton: infer to a trusted model is served without entering Python's request chain, answers
 equal the Python chain's, the front's passive signals reach the health loop, and what the front does
-not serve is handed to the Python app behind it. The listener's bounds are the same tests as the
-Python listener's: make test runs test_http_limits, test_http_listener and test_proxy again with
-SIDECAR_TEST_FRONT=rust."""
+not serve is handed to the Python app behind it; generate and generate_stream to a trusted model are
+served by the front too, the stream relayed event by event. The listener's bounds are the same tests
+as the Python listener's: make test runs test_http_limits, test_http_listener, test_proxy,
+test_generate and test_generation again with SIDECAR_TEST_FRONT=rust."""
 
 from __future__ import annotations
 
@@ -30,6 +31,14 @@ CREDIT = "/v2/models/credit_risk/infer"
 FAST_REQUESTS = 10_000
 CONNECTIONS = 4
 
+TEXT = "text_echo"
+#: generate requests and generate_stream streams the generate proof sends; streams this many at once.
+GENERATE_REQUESTS = 200
+STREAMS = 50
+STREAMS_AT_ONCE = 5
+#: Words per stream: text_echo sends one per 20 ms (its delay_ms), so a stream lasts about 200 ms.
+STREAM_WORDS = 10
+
 
 def _rust(config: Any) -> Any:
     return replace(config, listen=replace(config.listen, front="rust"))
@@ -48,6 +57,37 @@ async def _answers(reader: asyncio.StreamReader, count: int) -> list[tuple[int, 
     return out
 
 
+class PythonEntries:
+    """Counts entries into the Python request chain while it is open: a request's scope, a refusal
+    before one, an infer or generate (ServingCore.infer), a stream (ServingCore.stream)."""
+
+    NAMES = (("request",), ("requests", "refuse_at_once"), ("infer",), ("stream",))
+
+    def __init__(self, core: Any) -> None:
+        self.count = 0
+        self._patched: list[tuple[Any, str, Any]] = []
+        for path in self.NAMES:
+            owner = core
+            for name in path[:-1]:
+                owner = getattr(owner, name)
+            self._patched.append((owner, path[-1], getattr(owner, path[-1])))
+
+    def _counting(self, inner: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return inner(*args, **kwargs)
+        return call
+
+    def __enter__(self) -> PythonEntries:
+        for owner, name, inner in self._patched:
+            setattr(owner, name, self._counting(inner))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, inner in self._patched:
+            setattr(owner, name, inner)
+
+
 async def test_infer_to_a_trusted_model_never_enters_the_python_chain(triton, start):
     sidecar = await started_and_healthy(start, _rust(proxy_config(triton, probes={"interval_s": 3600,
                                                                                   "jitter": 0.0})))
@@ -60,17 +100,6 @@ async def test_infer_to_a_trusted_model_never_enters_the_python_chain(triton, st
                                     headers={"Content-Type": "application/json"}) as r:
         python_answer = (r.status, await r.read())
     await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5, what="credit_risk a lane")
-    entries = 0
-    opened, refused, infer = core.request, core.requests.refuse_at_once, core.infer
-
-    def counting(inner: Any) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            nonlocal entries
-            entries += 1
-            return inner(*args, **kwargs)
-        return call
-
-    core.request, core.requests.refuse_at_once, core.infer = counting(opened), counting(refused), counting(infer)
     before_fast, before_triton = front.fast_requests, triton_successes(triton, "credit_risk")
     request = (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
                % (CREDIT.encode(), len(body))) + body
@@ -87,10 +116,9 @@ async def test_infer_to_a_trusted_model_never_enters_the_python_chain(triton, st
             writer.close()
         return seen
 
-    try:
+    with PythonEntries(core) as python:
         results = await asyncio.gather(*(one_connection() for _ in range(CONNECTIONS)))
-    finally:
-        core.request, core.requests.refuse_at_once, core.infer = opened, refused, infer
+    entries = python.count
     assert set().union(*results) == {python_answer}  # every answer the Python chain's, filtered alike
     assert python_answer[0] == 200 and b"income_prob" not in python_answer[1]
     assert front.fast_requests - before_fast == FAST_REQUESTS
@@ -264,3 +292,69 @@ async def test_the_drain_waits_for_the_fronts_own_requests_to_go_quiet(triton, s
     # and then for the quiet period, as for the Python listener's.
     assert front.fast_requests - before == sent
     assert returned_at - last_at >= QUIET_PERIOD_S * 0.9, (returned_at - last_at)
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
+                  ) -> tuple[int, str, list[tuple[float, bytes]]]:
+    """(status, Content-Type, [(seconds since the request, event as sent)]) of one generate_stream,
+    read as it arrives."""
+    events: list[tuple[float, bytes]] = []
+    started = time.perf_counter()
+    async with session.post(url, json=body) as response:
+        buffer = b""
+        async for chunk in response.content.iter_any():
+            buffer += chunk
+            while b"\n\n" in buffer:
+                event, buffer = buffer.split(b"\n\n", 1)
+                events.append((time.perf_counter() - started, event))
+        assert buffer == b"", buffer
+        return response.status, response.headers["Content-Type"], events
+
+
+async def test_generate_and_generate_stream_to_a_trusted_model_never_enter_the_python_chain(triton, start):
+    sidecar = await started_and_healthy(start, _rust(proxy_config(triton, models=[TEXT], rules=(),
+                                                                  probes={"interval_s": 3600, "jitter": 0.0})))
+    front = sidecar.server
+    core = sidecar.app[SERVING]
+    base = f"{sidecar.url}/v2/models/{TEXT}"
+    one = {"text_input": "alpha"}  # one word: one response, what generate (one answer) takes
+    words = {"text_input": " ".join(f"w{i}" for i in range(STREAM_WORDS)), "max_tokens": STREAM_WORDS}
+    # The Python chain's own answers to the same bodies (a query string is left to it); a stream is
+    # handed over with its connection, so each gets a connection of its own.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        async with session.post(base + "/generate?via=python", json=one) as r:
+            python_answer = (r.status, r.headers["Content-Type"], await r.read())
+        python_stream = await _stream(session, base + "/generate_stream?via=python", words)
+    assert python_answer[0] == 200 and json.loads(python_answer[2])["text_output"] == "alpha"
+    assert python_stream[0] == 200 and len(python_stream[2]) == STREAM_WORDS
+    await wait_for(lambda: TEXT in {lane[0] for lane in front.lanes()[0]}, 5, what=f"{TEXT} a lane")
+    before_fast, before_handed = front.fast_requests, front.handovers
+
+    async def generate(session: aiohttp.ClientSession) -> tuple[int, str, bytes]:
+        async with session.post(base + "/generate", json=one) as r:
+            return r.status, r.headers["Content-Type"], await r.read()
+
+    streams: list[tuple[int, str, list[tuple[float, bytes]]]] = []
+    with PythonEntries(core) as python:
+        async with aiohttp.ClientSession() as session:  # kept alive: the streams' connections are reused
+            answers = await asyncio.gather(*(generate(session) for _ in range(GENERATE_REQUESTS)))
+            for _ in range(STREAMS // STREAMS_AT_ONCE):
+                streams += await asyncio.gather(*(_stream(session, base + "/generate_stream", words)
+                                                  for _ in range(STREAMS_AT_ONCE)))
+    assert python.count == 0
+    assert front.fast_requests - before_fast == GENERATE_REQUESTS + STREAMS
+    assert front.handovers == before_handed
+    assert set(answers) == {python_answer}  # every answer the Python chain's, byte for byte
+    python_events = [event for _, event in python_stream[2]]
+    for status, content_type, events in streams:
+        assert (status, content_type) == python_stream[:2]
+        assert [event for _, event in events] == python_events
+        # One event per 20 ms at the model: the first reaches the client long before the last is made.
+        first, last = events[0][0], events[-1][0]
+        assert last - first > 0.1, f"events arrived together ({first:.3f} s, {last:.3f} s): buffered"
+    await wait_for(lambda: sidecar.metric("triton_sidecar_stream_endings_total", model=TEXT, outcome="complete")
+                   == STREAMS + 1, 5, what="the front's streams in /metrics")
+    assert sidecar.metric("triton_sidecar_stream_events_sum", model=TEXT) == (STREAMS + 1) * STREAM_WORDS
+    assert sidecar.metric("triton_sidecar_streams_in_flight", model=TEXT) == 0
+    assert sidecar.metric("triton_sidecar_proxy_requests_total", protocol="http", model=TEXT,
+                          code="200") >= GENERATE_REQUESTS + STREAMS

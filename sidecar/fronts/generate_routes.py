@@ -17,6 +17,11 @@ only be said inside the stream: an error event `data: {"error", "reason", "model
 Triton's own error events) ends it, for a stall longer than `generation.idle_timeout_s`, a stream
 Triton breaks off, Triton's own error event, NaN/Inf in an event, or the model leaving service. A
 client that disconnects cancels the upstream request (the connection to Triton is aborted).
+
+With `listen.front: rust`, generate and generate_stream to a lane model are served by the data
+plane's front (dataplane/src/front/generate.rs and generate_stream.rs) with these rules, this
+module being their reference; the routes here answer everything else (a pinned version, a rollout,
+a model on hold, a compressed body) and the Python front.
 """
 
 from __future__ import annotations

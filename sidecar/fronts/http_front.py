@@ -2,13 +2,14 @@
 
 The Rust front owns the socket. It reads every request head itself and enforces the listener's
 bounds (header and keep-alive timeouts, URL and header sizes, smuggling refused, 413 with lingering
-close, 408 for a slow body, 100-continue, listen.max_connections), and it serves a unary
-`POST /v2/models/{m}/infer` to a model published to it as a *lane* without entering Python:
-validation, breaker, Triton, screening and counters all run on its runtime thread(s). Everything
-else (kubelet endpoints, /metrics, metadata, a pinned version, a rollout, a model on hold or
-quarantined, a per-model rule file, a drift reference, generate) is handed, with the very bytes the
-client sent, to the Python listener (sidecar.fronts.http_listener) on a loopback port behind it,
-which answers exactly as before.
+close, 408 for a slow body, 100-continue, listen.max_connections), and it serves
+`POST /v2/models/{m}/infer`, `/generate` and `/generate_stream` (relayed event by event) to a model
+published to it as a *lane* without entering Python: validation (the generate body check with the
+model's GenerateLimits), breaker, Triton, screening and counters all run on its runtime thread(s).
+Everything else (kubelet endpoints, /metrics, metadata, a pinned version, a rollout, a model on hold
+or quarantined, a per-model rule file, a drift reference) is handed, with the very bytes the client
+sent, to the Python listener (sidecar.fronts.http_listener) on a loopback port behind it, which
+answers exactly as before.
 
 With `tls.cert_file` set the front terminates TLS itself (rustls, dataplane/src/front/tls.rs): the
 PEM bytes ServerTls loaded and checked are handed down at start and at every rotation its watch
@@ -17,12 +18,13 @@ counted by reason in the data plane's atomics. The Python listener behind it sta
 loopback.
 
 This module is the control plane's side of that boundary:
-- **down**: which models are lanes, with their spec, hidden outputs and NaN screening, and the
-  refusal owed to requests at Triton when a model stops being trusted: published at once on every
-  state transition, and on a short tick for what changes without one (a spec fetched, a rollout);
-- **up**: the front's events (passive signals, requests ended at a quarantine, the sampled access
-  log, panics), drained on the same tick and handed to the health loop and the log as the Python
-  chain would have.
+- **down**: which models are lanes, with their spec, hidden outputs, NaN screening, generate limits
+  and the streams' idle bound, and the refusal owed to requests at Triton (and the error event owed
+  to open streams) when a model stops being trusted: published at once on every state transition,
+  and on a short tick for what changes without one (a spec fetched, a rollout, a reload);
+- **up**: the front's events (passive signals, requests ended at a quarantine, streams ended, the
+  sampled access log, panics), drained on the same tick and handed to the health loop and the log as
+  the Python chain would have.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from sidecar.fronts.tls import HANDSHAKE_TIMEOUT_S, ServerTls, TlsFileError, Tls
 from sidecar.messages import cut
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
 from sidecar.serving.core import ServingCore
+from sidecar.serving.generation import error_event
 from sidecar.states import ModelStates, Transition
 
 log = structlog.get_logger("sidecar.proxy")
@@ -59,7 +62,12 @@ TICK_S = 0.05
 #: sidecar wakes once a second instead of twenty times (issue 30's idle bound).
 IDLE_TICK_S = 1.0
 
-Lane = tuple[str, Any, list[str] | None, bool]
+#: (model, its RequestSpec, hidden outputs or None, look for NaN/Inf, its native GenerateLimits,
+#: generation.idle_timeout_s) as the front takes a lane.
+Lane = tuple[str, Any, list[str] | None, bool, Any, float]
+
+#: (model, status, JSON body, Retry-After, reason label, the same refusal as a stream's error event).
+Ended = tuple[str, int, bytes, int | None, str, bytes]
 
 #: The front's runtime threads, as /healthz names them when they stop turning. The other way round,
 #: the front answers /healthz and /readyz 503 itself when this loop stops touching it (every tick)
@@ -204,20 +212,22 @@ class HttpFront:
     def _on_suspect(self, model: str, suspect: bool) -> None:
         self.publish()
 
-    def lanes(self) -> tuple[list[Lane], list[tuple[str, int, bytes, int | None]]]:
+    def lanes(self) -> tuple[list[Lane], list[Ended]]:
         """The models the front may serve on its own now, and the refusals owed to the requests at
-        Triton of models that are not trusted."""
+        Triton (and the open streams) of models that are not trusted."""
         core = self.core
         states: ModelStates = self.app[STATES]
+        idle_s = core.config.generation.idle_timeout_s
         lanes: list[Lane] = []
-        ended: list[tuple[str, int, bytes, int | None]] = []
+        ended: list[Ended] = []
         for model in states.names():
             health = states.get(model)
             if health is None:
                 continue
             if not health.trusts(""):
                 refusal = core.admission.quarantine_refusal(model)
-                ended.append((model, refusal.status, json.dumps(refusal.body()).encode(), refusal.retry_after))
+                ended.append((model, refusal.status, json.dumps(refusal.body()).encode(), refusal.retry_after,
+                              refusal.reason.value, error_event(refusal)))
                 continue
             if health.suspect or health.broken_versions or core.rollouts.get(model) is not None:
                 continue  # a hold, a fallback or a rollout: the Python chain routes these
@@ -235,7 +245,8 @@ class HttpFront:
                 if not spec.outputs:
                     continue  # outputs undeclared: only the Python filter can judge them by name
                 hidden = sorted(o for o in spec.outputs if policy.is_hidden(o))
-            lanes.append((model, spec.native, hidden, policy.check_non_finite))
+            limits = core.generate_limits(model).native
+            lanes.append((model, spec.native, hidden, policy.check_non_finite, limits, idle_s))
         return lanes, ended
 
     def _warm(self, model: str) -> None:
@@ -257,8 +268,8 @@ class HttpFront:
         if self._native is None:
             return
         lanes, ended = self.lanes()
-        key = (tuple((m, id(s), tuple(h) if h is not None else None, c) for m, s, h, c in lanes),
-               tuple((m, s, b) for m, s, b, _ in ended))
+        key = (tuple((m, id(s), tuple(h) if h is not None else None, c, id(g), i) for m, s, h, c, g, i in lanes),
+               tuple((m, s, b) for m, s, b, *_ in ended))
         if key == self._published and not force:
             return
         self._native.publish(lanes, ended)
@@ -323,6 +334,11 @@ class HttpFront:
                 elif how == "server_error":
                     stub_dead = isinstance(triton_error(status, detail), StubUnhealthy)
                     signals.upstream_failed(model, f"Triton answered {status}: {detail}", stub_dead=stub_dead)
+                elif how in ("error_answer", "error_event"):
+                    # Triton's error inside a 200: a generate answer {"error"} or a stream's error event
+                    # (the event may be Triton's verdict that the stub died: SseStreamExchange.screen).
+                    stub_dead = how == "error_event" and isinstance(triton_error(500, detail), StubUnhealthy)
+                    signals.upstream_failed(model, f"Triton answered with an error: {detail}", stub_dead=stub_dead)
                 else:
                     signals.upstream_failed(model, detail)
             elif kind == "non_finite":
@@ -338,6 +354,9 @@ class HttpFront:
             elif kind == "tls_refused":
                 _, reason, client_subject = event
                 tls_log.warning("tls_client_refused", reason=reason, client_subject=client_subject)
+            elif kind == "stream_ended":
+                _, model, reason, count, cause = event
+                log.warning("stream_ended", model=model, reason=reason, events=count, cause=cause)
 
 
 def _tls_material(tls: ServerTls, material: TlsMaterial) -> tuple[bytes, bytes, bytes | None, list[str], str]:

@@ -117,7 +117,7 @@ class OpenStream(Generic[EventT]):
         self._last = self._loop.time()
         self._last_sent = 0.0
         self._timer: asyncio.TimerHandle | None = None
-        self._inter_event: Any = None
+        self._counts = core.metrics.requests
         self._armed_at = 0.0
         #: Events read from Triton (self.events counts those the client took).
         self._received = 0
@@ -141,7 +141,7 @@ class OpenStream(Generic[EventT]):
         if model not in self._slots:
             await core.breaker(model).acquire(model, core.settings.upstream_timeout_s)
             self._slots.append(model)
-            core.metrics.streams_in_flight.labels(model=model).inc()
+            core.metrics.requests.stream_opened(model, 1)
             if core.admission.serves(model):  # a model trusted for this version alone is checked per batch
                 watcher = asyncio.ensure_future(core.admission.until_untrusted(model))
                 watcher.add_done_callback(lambda f, m=model: None if f.cancelled() else self._untrusted(m))
@@ -203,13 +203,11 @@ class OpenStream(Generic[EventT]):
 
     def _observe(self, count: int) -> None:
         now = time.perf_counter()
+        # The data plane's families (atomics), shared with the Rust front's generate_stream.
         if self.events:
-            self._inter_event.observe(now - self._last_sent)
+            self._counts.stream_inter_event(self.model, now - self._last_sent)
         else:
-            metrics, model = self._core.metrics, self.model
-            metrics.stream_first_event.labels(model=model).observe(now - self._started)
-            # Looked up once per stream: labels() costs a lock and a dict lookup per event otherwise.
-            self._inter_event = metrics.stream_inter_event.labels(model=model)
+            self._counts.stream_first_event(self.model, now - self._started)
         self.events += count
         self._last_sent = now
 
@@ -231,13 +229,11 @@ class OpenStream(Generic[EventT]):
         core = self._core
         for model in self._slots:
             core.breaker(model).release()
-            core.metrics.streams_in_flight.labels(model=model).dec()
+            core.metrics.requests.stream_opened(model, -1)
         if not self._began or not self._joined:
             return  # refused before it began (the front answered a status), or no request was admitted
-        model, metrics, ending = self.model, core.metrics, self.ending
-        metrics.stream_events.labels(model=model).observe(self.events)
-        metrics.stream_endings.labels(model=model, outcome="complete" if ending is None else ending.reason.value
-                                      ).inc()
+        model, ending = self.model, self.ending
+        core.metrics.requests.stream_ended(model, self.events, "complete" if ending is None else ending.reason.value)
         if ending is not None and ending.reason is not Reason.CLIENT_GONE:
             log.warning("stream_ended", model=model, reason=ending.reason.value, events=self.events,
                         cause=cut(ending.message, 300))

@@ -18,6 +18,8 @@ use tokio::time::sleep_until;
 use crate::protocol::pytext::{cut, format_g, repr_str};
 
 use super::events::{AccessRecord, Event};
+use super::generate::{self, Endpoint};
+use super::generate_stream::{self, Relayed};
 use super::lane::{self, Infer};
 use super::reply::{encode, refusal, Reply};
 use super::Shared;
@@ -175,7 +177,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             self.hand_over().await;
             return false;
         };
-        let (model, lane, header_length) = infer;
+        let (model, lane, header_length, endpoint) = infer;
         let settings = &self.shared.settings;
         let limit = settings.max_body_bytes;
         let chunked = head.get("transfer-encoding").is_some();
@@ -263,8 +265,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             client_subject: self.client_subject.clone(),
         };
         let keep_alive = head.keep_alive();
-        let Some(reply_bytes) = self.answer(infer, keep_alive).await else { return false };
+        if endpoint == Endpoint::GenerateStream {
+            return self.relay_stream(infer, keep_alive).await;
+        }
+        let Some(reply_bytes) = self.answer(infer, keep_alive, endpoint).await else { return false };
         self.write_answer(&reply_bytes, keep_alive).await
+    }
+
+    /// A generate_stream served by the front: its events written as they come (generate_stream).
+    async fn relay_stream(&mut self, infer: Infer, keep_alive: bool) -> bool {
+        let shared = self.shared.clone();
+        let (request_id, model, started) = (infer.request_id.clone(), infer.model.clone(), infer.started);
+        let (task, events) = generate_stream::spawn(shared.clone(), infer);
+        let room = shared.settings.head_limit() + shared.settings.max_body_bytes;
+        let at = Relayed { shared: &shared, request_id: &request_id, model: &model, started, keep_alive, room };
+        let kept = generate_stream::relay(&mut self.stream, &mut self.buf, at, task, events).await;
+        self.answered_any = true;
+        kept
     }
 
     /// Write a whole answer; false when the connection is done (the client gone, or not kept alive).
@@ -282,14 +299,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
 
     /// Run the lane in its own task (a panic ends that request with 500, never the connection's
     /// task); meanwhile read what the client pipelines, and cancel the call if the client leaves.
-    async fn answer(&mut self, infer: Infer, keep_alive: bool) -> Option<Vec<u8>> {
+    async fn answer(&mut self, infer: Infer, keep_alive: bool, endpoint: Endpoint) -> Option<Vec<u8>> {
         let shared = self.shared.clone();
         let request_id = infer.request_id.clone();
         let model = infer.model.clone();
         let path = infer.path.clone();
         let started = infer.started;
         let trace = infer.trace_id.clone();
-        let mut task = tokio::spawn(lane::serve(shared.clone(), infer));
+        let mut task = match endpoint {
+            Endpoint::Generate => tokio::spawn(generate::serve(shared.clone(), infer)),
+            _ => tokio::spawn(lane::serve(shared.clone(), infer)),
+        };
         let room = shared.settings.head_limit() + shared.settings.max_body_bytes;
         loop {
             tokio::select! {
@@ -349,12 +369,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         false
     }
 
-    /// The model, its lane and the binary header length when the lane serves this request.
-    fn lane_for(&self, head: &Head) -> Option<(String, Arc<super::state::Lane>, Option<i64>)> {
+    /// The model, its lane, the binary header length and the endpoint when the lane serves this
+    /// request (infer, generate, generate_stream).
+    fn lane_for(&self, head: &Head) -> Option<(String, Arc<super::state::Lane>, Option<i64>, Endpoint)> {
         if head.method != "POST" || head.version != 1 || head.get("upgrade").is_some() {
             return None;
         }
-        let model = head.path.strip_prefix("/v2/models/")?.strip_suffix("/infer")?;
+        let (model, endpoint) = Endpoint::split(head.path.strip_prefix("/v2/models/")?)?;
         if model.is_empty() || model.contains(['/', '?', '#', '%']) {
             return None; // a version in the path (routing), or a name to decode: the Python chain's
         }
@@ -369,12 +390,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         if !matches!(ctype.as_str(), "" | "application/json" | "application/octet-stream") {
             return None;
         }
+        // Generate bodies are JSON whatever the header says (generate_routes reads none of it).
         let header_length = match head.get("inference-header-content-length") {
-            None => None,
-            Some(v) => Some(v.trim().parse::<i64>().ok()?),
+            Some(v) if endpoint == Endpoint::Infer => Some(v.trim().parse::<i64>().ok()?),
+            _ => None,
         };
         let lane = self.shared.state.load().lanes.get(model)?.clone();
-        Some((model.to_owned(), lane, header_length))
+        Some((model.to_owned(), lane, header_length, endpoint))
     }
 
     /// Send one request the lane does not serve to the Python app and relay its answer; the
@@ -581,7 +603,7 @@ fn relayed(status: u16, headers: &hyper::HeaderMap, body: &[u8], keep_alive: boo
     out
 }
 
-fn panic_message(e: tokio::task::JoinError) -> String {
+pub(super) fn panic_message(e: tokio::task::JoinError) -> String {
     match e.try_into_panic() {
         Ok(payload) => {
             if let Some(s) = payload.downcast_ref::<&str>() {

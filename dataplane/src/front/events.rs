@@ -14,6 +14,9 @@ pub enum Event {
     },
     /// A call to Triton that gave no usable answer: kind is timeout, unreachable, dropped,
     /// server_error or bad_answer; `status` Triton's HTTP status (0 when none), `detail` its words.
+    /// Two kinds say Triton's own error inside an answer of 200: error_answer (a generate answer
+    /// `{"error": ...}`) and error_event (an error event of a stream, which may be a dead stub's).
+    /// A stream's silence is a timeout whose detail is the whole message.
     Failed {
         model: String,
         kind: &'static str,
@@ -40,6 +43,14 @@ pub enum Event {
     TlsRefused {
         reason: &'static str,
         client_subject: String,
+    },
+    /// A generate stream that began and was ended by the sidecar (its error event sent): the
+    /// reason label, the events sent before it, and why (streaming.py's stream_ended log line).
+    StreamEnded {
+        model: String,
+        reason: String,
+        events: u64,
+        cause: String,
     },
 }
 
@@ -78,7 +89,7 @@ impl Events {
 
     pub fn push(&self, event: Event) {
         let urgent = match &event {
-            Event::Failed { .. } | Event::NonFinite { .. } | Event::Panic { .. } => true,
+            Event::Failed { .. } | Event::NonFinite { .. } | Event::Panic { .. } | Event::StreamEnded { .. } => true,
             // An access-log line (every failure, a sample of the rest: Python writes each one anyway)
             // is written as the request ends, not a tick later.
             Event::Log(_) => true,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use tokio::sync::SemaphorePermit;
 
 use crate::protocol::pytext::cut;
 use crate::serving::filtering;
@@ -13,7 +14,7 @@ use crate::serving::validation::validate_infer_request;
 
 use super::events::{AccessRecord, Event};
 use super::reply::{json_value, refusal, Reply};
-use super::state::Lane;
+use super::state::{Breaker, Lane};
 use super::upstream::{Answer, Failure};
 use super::Shared;
 
@@ -45,11 +46,16 @@ pub async fn serve(shared: Arc<Shared>, request: Infer) -> Reply {
 
 /// Count and log one answered request (sidecar.serving.telemetry.RequestTelemetry.finish).
 pub fn finish(shared: &Shared, request: &Infer, reply: &Reply) {
+    finish_status(shared, request, reply.status, reply.reason);
+}
+
+/// `finish` for an answer given as its status and refusal reason ("" for none): a stream's.
+pub fn finish_status(shared: &Shared, request: &Infer, status: u16, reason: &str) {
     let seconds = request.started.elapsed().as_secs_f64();
-    let code = reply.status.to_string();
+    let code = status.to_string();
     shared.metrics.finish("http", &request.model, &code, seconds);
     shared.fast_requests.fetch_add(1, Ordering::Relaxed);
-    let failed = reply.status >= 400;
+    let failed = status >= 400 || !reason.is_empty();
     let rate = shared.settings.access_log_sample_rate;
     if failed || rate >= 1.0 || (rate > 0.0 && sample(rate)) {
         shared.events.push(Event::Log(AccessRecord {
@@ -57,9 +63,9 @@ pub fn finish(shared: &Shared, request: &Infer, reply: &Reply) {
             trace_id: request.trace_id.clone(),
             model: request.model.clone(),
             path: cut(&request.path, 200),
-            status: reply.status,
+            status,
             duration_ms: (seconds * 100_000.0).round() / 100.0,
-            reason: reply.reason.to_owned(),
+            reason: reason.to_owned(),
             client_subject: request.client_subject.clone(),
         }));
     }
@@ -82,30 +88,9 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
         };
         return rejected(shared, model, refusal(refused.reason.label(), status, &refused.message, model, &extra));
     }
-    // The breaker: a slot at once, or a place in the queue for up to proxy.upstream_timeout_s.
-    let breaker = lane.breaker.clone();
-    let permit = match breaker.slots.try_acquire() {
+    let permit = match slot(shared, &lane.breaker, model).await {
         Ok(permit) => permit,
-        Err(_) => {
-            let waiting = breaker.waiting();
-            if waiting >= shared.settings.queue_size_per_model {
-                let message =
-                    format!("model {model} has too many requests in flight and {waiting} waiting; retry later");
-                return rejected(shared, model, overloaded(&message, model));
-            }
-            breaker.waiting.fetch_add(1, Ordering::Relaxed);
-            let acquired = tokio::time::timeout(shared.settings.upstream_timeout, breaker.slots.acquire()).await;
-            breaker.waiting.fetch_sub(1, Ordering::Relaxed);
-            match acquired {
-                Ok(Ok(permit)) => permit,
-                _ => {
-                    let wait = shared.settings.upstream_timeout.as_secs_f64();
-                    let message =
-                        format!("model {model}: no free slot within {} s", crate::protocol::pytext::format_g(wait));
-                    return rejected(shared, model, overloaded(&message, model));
-                }
-            }
-        }
+        Err(refused) => return refused,
     };
     let _at_triton = AtTriton::new(shared, model);
     let path = format!("/v2/models/{model}/infer");
@@ -137,18 +122,9 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
                 if changed.is_err() {
                     continue;
                 }
-                let snapshot = shared.state.load();
-                if let Some(ended) = snapshot.ended.get(model) {
+                if let Some(reply) = ended_at_triton(shared, model) {
                     drop(permit);
-                    shared.events.push(Event::Ended { model: model.to_owned(), count: 1 });
-                    return Reply {
-                        status: ended.status,
-                        content_type: super::reply::JSON_REFUSAL.to_owned(),
-                        header_length: None,
-                        retry_after: ended.retry_after,
-                        body: ended.body.clone(),
-                        reason: "quarantined",
-                    };
+                    return reply;
                 }
             }
         }
@@ -160,12 +136,71 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
     }
 }
 
+/// The model's breaker (as sidecar/serving/breaker.py): a slot at once, or a place in the queue for
+/// up to proxy.upstream_timeout_s; else the overloaded refusal, counted as a rejection.
+pub(super) async fn slot<'a>(shared: &Shared, breaker: &'a Breaker, model: &str) -> Result<SemaphorePermit<'a>, Reply> {
+    if let Ok(permit) = breaker.slots.try_acquire() {
+        return Ok(permit);
+    }
+    let waiting = breaker.waiting();
+    if waiting >= shared.settings.queue_size_per_model {
+        let message = format!("model {model} has too many requests in flight and {waiting} waiting; retry later");
+        return Err(rejected(shared, model, overloaded(&message, model)));
+    }
+    let acquired = {
+        // Out of the queue however the wait ends: a slot, the time up, or the task aborted (its
+        // client left while it waited).
+        let _queued = Queued::new(breaker);
+        tokio::time::timeout(shared.settings.upstream_timeout, breaker.slots.acquire()).await
+    };
+    match acquired {
+        Ok(Ok(permit)) => Ok(permit),
+        _ => {
+            let wait = shared.settings.upstream_timeout.as_secs_f64();
+            let message = format!("model {model}: no free slot within {} s", crate::protocol::pytext::format_g(wait));
+            Err(rejected(shared, model, overloaded(&message, model)))
+        }
+    }
+}
+
+/// A place in a breaker's queue, held while a request waits for a slot.
+struct Queued<'a>(&'a Breaker);
+
+impl<'a> Queued<'a> {
+    fn new(breaker: &'a Breaker) -> Self {
+        breaker.waiting.fetch_add(1, Ordering::Relaxed);
+        Queued(breaker)
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The refusal Python published for a model that stopped being trusted while a request waited at
+/// Triton (admission.py's _end_waiting), counted up as ended at Triton; None while it is trusted.
+pub(super) fn ended_at_triton(shared: &Shared, model: &str) -> Option<Reply> {
+    let snapshot = shared.state.load();
+    let ended = snapshot.ended.get(model)?;
+    shared.events.push(Event::Ended { model: model.to_owned(), count: 1 });
+    Some(Reply {
+        status: ended.status,
+        content_type: super::reply::JSON_REFUSAL.to_owned(),
+        header_length: None,
+        retry_after: ended.retry_after,
+        body: ended.body.clone(),
+        reason: "quarantined",
+    })
+}
+
 /// In the front's in-flight count (what the drain waits for) while the request is served, however
 /// it ends: answered, panicked, or its task aborted because the client left.
-struct InFlight<'a>(&'a Shared);
+pub(super) struct InFlight<'a>(&'a Shared);
 
 impl<'a> InFlight<'a> {
-    fn new(shared: &'a Shared) -> Self {
+    pub(super) fn new(shared: &'a Shared) -> Self {
         shared.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight(shared)
     }
@@ -179,13 +214,13 @@ impl Drop for InFlight<'_> {
 
 /// In proxy_in_flight{model} while the request is at Triton, however it ends (answered, timed out,
 /// its client gone and the task aborted).
-struct AtTriton<'a> {
+pub(super) struct AtTriton<'a> {
     shared: &'a Shared,
     model: &'a str,
 }
 
 impl<'a> AtTriton<'a> {
-    fn new(shared: &'a Shared, model: &'a str) -> Self {
+    pub(super) fn new(shared: &'a Shared, model: &'a str) -> Self {
         shared.metrics.in_flight.add(&[model], 1);
         AtTriton { shared, model }
     }
@@ -204,12 +239,12 @@ fn overloaded(message: &str, model: &str) -> Reply {
 }
 
 /// A refusal before Triton: counted in proxy_rejections_total.
-fn rejected(shared: &Shared, model: &str, reply: Reply) -> Reply {
+pub(super) fn rejected(shared: &Shared, model: &str, reply: Reply) -> Reply {
     shared.metrics.rejections.inc(&["http", model, reply.reason]);
     reply
 }
 
-fn upstream_refusal(shared: &Shared, model: &str, failure: Failure) -> Reply {
+pub(super) fn upstream_refusal(shared: &Shared, model: &str, failure: Failure) -> Reply {
     match failure {
         Failure::Unreachable(detail) => {
             shared.events.push(Event::Failed { model: model.to_owned(), kind: "unreachable", status: 0, detail });
@@ -229,7 +264,7 @@ fn upstream_refusal(shared: &Shared, model: &str, failure: Failure) -> Reply {
 }
 
 /// A call that gave no answer: the passive signal up, and the refusal (its message is the signal's cause).
-fn failed(
+pub(super) fn failed(
     shared: &Shared,
     model: &str,
     kind: &'static str,
@@ -243,7 +278,7 @@ fn failed(
 }
 
 /// Triton's `{"error": ...}` text, or the start of whatever it answered (specs.triton_error_message).
-fn triton_error_message(body: &[u8]) -> String {
+pub(super) fn triton_error_message(body: &[u8]) -> String {
     let parsed = crate::protocol::json::parse(body).ok();
     let message = parsed.as_ref().and_then(|doc| match doc {
         crate::protocol::json::Value::Object(members) => {

@@ -14,6 +14,8 @@
 
 pub mod connection;
 pub mod events;
+pub mod generate;
+pub mod generate_stream;
 pub mod lane;
 pub mod reply;
 pub mod settings;

@@ -5,7 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-use crate::protocol::pytext::json_string;
+use crate::protocol::pytext::{json_string, rapidjson_string};
 
 /// One answer of the front.
 pub struct Reply {
@@ -51,6 +51,31 @@ pub fn refusal_body(reason: &str, message: &str, model: &str, extra: &[(&str, St
     }
     out.push('}');
     out
+}
+
+/// How a stream that already began says it failed: a server-sent event holding the refusal's body
+/// as python-rapidjson writes it (sidecar.serving.generation.error_event); `extra` values already
+/// encoded that way.
+pub fn error_event(reason: &str, message: &str, model: &str, extra: &[(&str, String)]) -> Vec<u8> {
+    let mut out = String::with_capacity(64 + message.len());
+    out.push_str("{\"error\":");
+    rapidjson_string(message, &mut out);
+    out.push_str(",\"reason\":");
+    rapidjson_string(reason, &mut out);
+    if !model.is_empty() {
+        out.push_str(",\"model\":");
+        rapidjson_string(model, &mut out);
+    }
+    for (key, value) in extra {
+        out.push(',');
+        rapidjson_string(key, &mut out);
+        out.push(':');
+        out.push_str(value);
+    }
+    out.push('}');
+    let mut event = Vec::with_capacity(out.len() + 8);
+    crate::protocol::sse::write_event(out.as_bytes(), &mut event);
+    event
 }
 
 /// A string as a JSON value (for `extra`).
@@ -142,6 +167,19 @@ mod tests {
         let body = refusal_body("shape", "input \"x\": bad", "m", &[("input", json_value("x"))]);
         assert_eq!(body, r#"{"error": "input \"x\": bad", "reason": "shape", "model": "m", "input": "x"}"#);
         assert_eq!(refusal_body("header_timeout", "slow", "", &[]), r#"{"error": "slow", "reason": "header_timeout"}"#);
+    }
+
+    #[test]
+    fn an_error_event_reads_as_rapidjson_writes_it() {
+        let event = error_event("non_finite_output", "NaN in \u{e9}", "m", &[("outputs", r#"["a","b"]"#.to_owned())]);
+        assert_eq!(
+            event,
+            br#"data: {"error":"NaN in \u00E9","reason":"non_finite_output","model":"m","outputs":["a","b"]}"#
+                .iter()
+                .chain(b"\n\n")
+                .copied()
+                .collect::<Vec<u8>>()
+        );
     }
 
     #[test]

@@ -1,12 +1,15 @@
-//! The state Python publishes for the front: which models the lane may serve, with what spec and
-//! output filter, and the answer owed to requests at Triton when a model stops being trusted.
+//! The state Python publishes for the front: which models the lane may serve, with what spec, output
+//! filter and generate limits, and the answer owed to requests at Triton (and the event owed to
+//! streams) when a model stops being trusted.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::Semaphore;
 
+use crate::serving::generation::GenerateLimits;
 use crate::serving::validation::RequestSpec;
 
 /// One model the lane serves on its own: trusted, not suspect, no rollout, pin, rule file or drift
@@ -19,6 +22,11 @@ pub struct Lane {
     /// Look for NaN/Inf in float outputs (off when the model's golden files expect them).
     pub check_non_finite: bool,
     pub breaker: std::sync::Arc<Breaker>,
+    /// What a generate body to the model may ask for (ServingCore.generate_limits).
+    pub generate: GenerateLimits,
+    /// generation.idle_timeout_s: the longest silence between two events of a stream once its
+    /// first event came (before it, proxy.upstream_timeout_s).
+    pub stream_idle: Duration,
 }
 
 impl Lane {
@@ -35,6 +43,10 @@ pub struct Ended {
     pub status: u16,
     pub body: Bytes,
     pub retry_after: Option<u64>,
+    /// Its reason label (quarantined, not_verified, unknown_model): how a stream it ends is counted.
+    pub reason: String,
+    /// The same refusal as a stream's last event (sidecar.serving.generation.error_event).
+    pub event: Bytes,
 }
 
 #[derive(Default)]

@@ -1,21 +1,25 @@
 //! Triton's HTTP port: hyper's HTTP/1.1 client connections (TCP_NODELAY), kept alive in a pool of
-//! our own, one call per request, bounded by proxy.upstream_timeout_s.
+//! our own, one call per request, bounded by proxy.upstream_timeout_s. A stream (generate_stream) is
+//! read frame by frame (`Upstream::stream`); its connection goes back to the pool only when the
+//! stream was read to its end, and is closed at once when the stream is dropped before.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::HeaderMap;
 use hyper_util::rt::TokioIo;
 use std::sync::Mutex;
 use tokio::net::TcpStream;
+use tokio::task::AbortHandle;
 
 pub struct Upstream {
     /// Idle keep-alive connections, most recently used last. A connection goes back here as soon
     /// as its answer is read, before the next request can ask for one: a client sending back to
     /// back reuses one connection instead of racing a second one open.
-    idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
+    idle: Mutex<Vec<Pooled>>,
     /// "host:port" of Triton's HTTP endpoint.
     authority: String,
     timeout: Duration,
@@ -32,6 +36,13 @@ pub enum Failure {
     Dropped(String),
 }
 
+/// One keep-alive connection: its request side, and its connection task (aborted to close the
+/// socket at once when a stream is given up midway).
+struct Pooled {
+    sender: SendRequest<Full<Bytes>>,
+    task: AbortHandle,
+}
+
 pub struct Answer {
     pub status: u16,
     pub content_type: Option<String>,
@@ -44,34 +55,82 @@ impl Upstream {
         Upstream { idle: Mutex::new(Vec::new()), authority, timeout }
     }
 
-    fn take_idle(&self) -> Option<SendRequest<Full<Bytes>>> {
+    fn take_idle(&self) -> Option<Pooled> {
         let mut idle = self.idle.lock().ok()?;
-        while let Some(sender) = idle.pop() {
-            if !sender.is_closed() {
-                return Some(sender);
+        while let Some(pooled) = idle.pop() {
+            if !pooled.sender.is_closed() {
+                return Some(pooled);
             }
         }
         None
     }
 
-    fn put_idle(&self, sender: SendRequest<Full<Bytes>>) {
+    fn put_idle(&self, pooled: Pooled) {
         if let Ok(mut idle) = self.idle.lock() {
             if idle.len() < MAX_IDLE {
-                idle.push(sender);
+                idle.push(pooled);
             }
         }
     }
 
-    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, Failure> {
+    async fn connect(&self) -> Result<Pooled, Failure> {
         let stream = TcpStream::connect(&self.authority).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
         let _ = stream.set_nodelay(true);
         let (sender, connection) =
             http1::handshake(TokioIo::new(stream)).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
         // The connection's own task: it ends when the connection closes or its sender is dropped.
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let _ = connection.await;
         });
-        Ok(sender)
+        Ok(Pooled { sender, task: task.abort_handle() })
+    }
+
+    /// A connection ready for a request: an idle one (ready once its task has seen the last answer
+    /// end, at once in practice), or a new one when none is, or the one taken closed meanwhile.
+    async fn ready(&self) -> Result<Pooled, Failure> {
+        match self.take_idle() {
+            Some(mut pooled) => match pooled.sender.ready().await {
+                Ok(()) => Ok(pooled),
+                Err(_) => self.connect().await,
+            },
+            None => self.connect().await,
+        }
+    }
+
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> Result<hyper::Request<Full<Bytes>>, Failure> {
+        let mut request = hyper::Request::builder().method(method).uri(path);
+        if !headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("host")) {
+            request = request.header("host", self.authority.as_str());
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.body(Full::new(body)).map_err(|e| Failure::Dropped(e.to_string()))
+    }
+
+    /// POST `body` to `path` and return once the answer's head is here (within the pool's timeout);
+    /// its body is then read frame by frame, without a total bound (the caller bounds the silences).
+    pub async fn stream(&self, path: &str, headers: &[(&str, &str)], body: Bytes) -> Result<Streaming<'_>, Failure> {
+        let request = self.request("POST", path, headers, body)?;
+        let call = async {
+            let mut pooled = self.ready().await?;
+            let response = pooled.sender.send_request(request).await.map_err(|e| Failure::Dropped(e.to_string()))?;
+            Ok::<_, Failure>((pooled, response))
+        };
+        let (pooled, response) = match tokio::time::timeout(self.timeout, call).await {
+            Ok(result) => result?,
+            Err(_) => return Err(Failure::Timeout),
+        };
+        let status = response.status().as_u16();
+        let (parts, body) = response.into_parts();
+        let keep = !parts.headers.get("connection").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+        Ok(Streaming { status, body, pooled: Some(pooled), keep, pool: self })
     }
 
     /// POST `body` to `path`; `headers` are sent as given.
@@ -93,31 +152,16 @@ impl Upstream {
         headers: &[(&str, &str)],
         body: Bytes,
     ) -> Result<(u16, HeaderMap, Bytes), Failure> {
-        let mut request = hyper::Request::builder().method(method).uri(path);
-        if !headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("host")) {
-            request = request.header("host", self.authority.as_str());
-        }
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        let request = request.body(Full::new(body)).map_err(|e| Failure::Dropped(e.to_string()))?;
+        let request = self.request(method, path, headers, body)?;
         let call = async {
-            // An idle connection becomes ready once its task has seen the last answer end (at once
-            // in practice); one that closed meanwhile is replaced by a new one.
-            let mut sender = match self.take_idle() {
-                Some(mut sender) => match sender.ready().await {
-                    Ok(()) => sender,
-                    Err(_) => self.connect().await?,
-                },
-                None => self.connect().await?,
-            };
-            let response = sender.send_request(request).await.map_err(|e| Failure::Dropped(e.to_string()))?;
+            let mut pooled = self.ready().await?;
+            let response = pooled.sender.send_request(request).await.map_err(|e| Failure::Dropped(e.to_string()))?;
             let status = response.status().as_u16();
             let (parts, body) = response.into_parts();
             let keep = !parts.headers.get("connection").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
             let body = body.collect().await.map_err(|e| Failure::Dropped(e.to_string()))?.to_bytes();
             if keep {
-                self.put_idle(sender);
+                self.put_idle(pooled);
             }
             Ok((status, parts.headers, body))
         };
@@ -126,6 +170,65 @@ impl Upstream {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result,
             Err(_) => Err(Failure::Timeout),
+        }
+    }
+}
+
+/// An answer being read as it arrives (`Upstream::stream`).
+pub struct Streaming<'a> {
+    pub status: u16,
+    body: Incoming,
+    /// The connection, until the body ends (then pooled) or the stream is dropped (then closed).
+    pooled: Option<Pooled>,
+    keep: bool,
+    pool: &'a Upstream,
+}
+
+impl Streaming<'_> {
+    /// The next piece of the body as it arrived; None at its end (the connection goes back to the
+    /// pool); an error when the connection broke.
+    pub async fn next(&mut self) -> Result<Option<Bytes>, Failure> {
+        loop {
+            match self.body.frame().await {
+                None => {
+                    if let Some(pooled) = self.pooled.take() {
+                        if self.keep {
+                            self.pool.put_idle(pooled);
+                        }
+                    }
+                    return Ok(None);
+                }
+                Some(Err(e)) => return Err(Failure::Dropped(e.to_string())),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        if !data.is_empty() {
+                            return Ok(Some(data));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The whole body, at most `limit` bytes of it (an error answer; more is not read).
+    pub async fn read_all(&mut self, limit: usize) -> Result<Bytes, Failure> {
+        let mut out = Vec::new();
+        while out.len() < limit {
+            match self.next().await? {
+                Some(data) => out.extend_from_slice(&data[..data.len().min(limit - out.len())]),
+                None => break,
+            }
+        }
+        Ok(Bytes::from(out))
+    }
+}
+
+impl Drop for Streaming<'_> {
+    /// A stream given up before its end (the client left, a quarantine, a silence): its connection is
+    /// closed now, so Triton sees the request cancelled and stops generating.
+    fn drop(&mut self) {
+        if let Some(pooled) = self.pooled.take() {
+            pooled.task.abort();
         }
     }
 }

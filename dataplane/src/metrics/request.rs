@@ -4,6 +4,7 @@
 use std::sync::atomic::AtomicI64;
 
 use super::family::{CounterFamily, GaugeFamily, HistogramFamily};
+use super::stream::StreamMetrics;
 
 pub struct RequestMetrics {
     /// triton_sidecar_proxy_requests_total{protocol, model, code}
@@ -32,12 +33,16 @@ pub struct RequestMetrics {
     /// triton_sidecar_tls_handshake_failures_total{reason}: handshakes failed on listen.port
     /// (whichever front terminates TLS) and SAN refusals on listen.grpc_port.
     pub tls_handshake_failures: CounterFamily,
+    /// The generate streams' families (triton_sidecar_stream_*, streams_in_flight).
+    pub streams: StreamMetrics,
 }
 
 impl RequestMetrics {
-    pub fn new(latency_bounds: Vec<f64>) -> Self {
+    /// `latency_bounds`: LATENCY_BUCKETS (seconds); `event_count_bounds`: EVENT_COUNT_BUCKETS.
+    pub fn new(latency_bounds: Vec<f64>, event_count_bounds: Vec<f64>) -> Self {
         RequestMetrics {
             requests: CounterFamily::default(),
+            streams: StreamMetrics::new(latency_bounds.clone(), event_count_bounds),
             duration: HistogramFamily::new(latency_bounds),
             rejections: CounterFamily::default(),
             internal_errors: CounterFamily::default(),

@@ -5,3 +5,4 @@ pub mod answers;
 pub mod datatypes;
 pub mod json;
 pub mod pytext;
+pub mod sse;

@@ -121,6 +121,32 @@ pub fn json_string(s: &str, out: &mut String) {
     out.push('"');
 }
 
+/// A string as python-rapidjson's `dumps` writes it (the in-stream error events of
+/// sidecar.serving.generation.error_event): control characters and everything past ASCII escaped,
+/// with upper-case hex digits; DEL kept as it is.
+pub fn rapidjson_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 || (c as u32) > 0x7f => {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{unit:04X}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
 /// Python's `repr(text)`: single quotes unless the text holds one and no double quote.
 pub fn repr_str(text: &str) -> String {
     let quote = if text.contains('\'') && !text.contains('"') { '"' } else { '\'' };
@@ -284,5 +310,13 @@ mod tests {
         assert_eq!(repr_str("INPUT0"), "'INPUT0'");
         assert_eq!(repr_str("it's"), "\"it's\"");
         assert_eq!(repr_str("a\nb\\"), "'a\\nb\\\\'");
+    }
+
+    #[test]
+    fn rapidjson_escapes_with_upper_case_hex_and_keeps_del() {
+        let mut out = String::new();
+        rapidjson_string("\u{e9} \u{1f} \u{2028} / \" \\ \t \u{1f600} \u{7f}\u{8}\u{c}", &mut out);
+        let expected = r#""\u00E9 \u001F \u2028 / \" \\ \t \uD83D\uDE00 "#.to_owned() + "\u{7f}" + r#"\b\f""#;
+        assert_eq!(out, expected);
     }
 }

@@ -25,11 +25,17 @@ use crate::front::tls::{server_config, Terminator, TlsMaterial};
 use crate::front::upstream::Upstream;
 use crate::front::{accept_loop, Shared};
 
+use super::generation::GenerateLimits;
 use super::metrics::RequestMetrics;
 use super::validation::RequestSpec;
 
-/// (model, its spec, hidden outputs or None, look for NaN/Inf) as Python publishes a lane.
-type LaneTuple<'py> = (String, PyRef<'py, RequestSpec>, Option<Vec<String>>, bool);
+/// (model, its spec, hidden outputs or None, look for NaN/Inf, its generate limits,
+/// generation.idle_timeout_s) as Python publishes a lane.
+type LaneTuple<'py> = (String, PyRef<'py, RequestSpec>, Option<Vec<String>>, bool, PyRef<'py, GenerateLimits>, f64);
+
+/// (model, status, JSON body, Retry-After or None, reason label, the same refusal as a stream's last
+/// event).
+type EndedTuple = (String, u16, Vec<u8>, Option<u64>, String, Vec<u8>);
 
 /// (certificate chain PEM, key PEM, client CA bundle PEM or None, allowed client SANs, min version)
 /// as sidecar/fronts/tls.py loaded and checked them.
@@ -238,24 +244,28 @@ impl HttpFront {
     }
 
     /// Swap in the state requests read. `lanes`: (model, spec, hidden outputs or None, check
-    /// non-finite); `ended`: (model, status, JSON body, Retry-After or None) for models whose
-    /// requests at Triton must end now.
-    fn publish(&self, lanes: Vec<LaneTuple<'_>>, ended: Vec<(String, u16, Vec<u8>, Option<u64>)>) -> PyResult<()> {
+    /// non-finite, generate limits, generation.idle_timeout_s); `ended`: (model, status, JSON body,
+    /// Retry-After or None, reason label, the streams' error event) for models whose requests at
+    /// Triton must end now.
+    fn publish(&self, lanes: Vec<LaneTuple<'_>>, ended: Vec<EndedTuple>) -> PyResult<()> {
         let mut breakers = self.breakers.lock().map_err(|_| PyRuntimeError::new_err("breakers poisoned"))?;
         let capacity = self.shared.settings.max_in_flight_per_model;
         let mut snapshot = Snapshot::default();
-        for (model, spec, hidden, check_non_finite) in lanes {
+        for (model, spec, hidden, check_non_finite, generate, idle_s) in lanes {
             let breaker = breakers.entry(model.clone()).or_insert_with(|| Arc::new(Breaker::new(capacity))).clone();
             let lane = Lane {
                 spec: spec.spec.clone(),
                 hidden: hidden.map(|h| h.into_iter().collect::<HashSet<_>>()),
                 check_non_finite,
                 breaker,
+                generate: generate.limits.clone(),
+                stream_idle: secs(idle_s, "generation.idle_timeout_s")?,
             };
             snapshot.lanes.insert(model, Arc::new(lane));
         }
-        for (model, status, body, retry_after) in ended {
-            snapshot.ended.insert(model, Arc::new(Ended { status, body: Bytes::from(body), retry_after }));
+        for (model, status, body, retry_after, reason, event) in ended {
+            let ended = Ended { status, body: Bytes::from(body), retry_after, reason, event: Bytes::from(event) };
+            snapshot.ended.insert(model, Arc::new(ended));
         }
         self.shared.publish(snapshot);
         self.shared.watchdog.control_seen();
@@ -266,7 +276,7 @@ impl HttpFront {
     /// ("answered", model, count), ("failed", model, kind, status, detail), ("non_finite", model,
     /// outputs), ("ended", model, count), ("log", request_id, trace_id, model, path, status,
     /// duration_ms, reason, client_subject), ("panic", model, message), ("tls_refused", reason,
-    /// client_subject).
+    /// client_subject), ("stream_ended", model, reason, events, cause).
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.shared.watchdog.control_seen();
         let out = PyList::empty(py);
@@ -293,6 +303,9 @@ impl HttpFront {
                 Event::Panic { model, message } => ("panic", model, message).into_pyobject(py)?,
                 Event::TlsRefused { reason, client_subject } => {
                     ("tls_refused", reason, client_subject).into_pyobject(py)?
+                }
+                Event::StreamEnded { model, reason, events, cause } => {
+                    ("stream_ended", model, reason, events, cause).into_pyobject(py)?
                 }
             };
             out.append(item)?;

@@ -21,7 +21,7 @@ create_exception!(
 /// What a generate request to one model may ask for; built once per model and configuration.
 #[pyclass(frozen, module = "sidecar._dataplane")]
 pub struct GenerateLimits {
-    limits: generation::GenerateLimits,
+    pub(crate) limits: generation::GenerateLimits,
 }
 
 #[pymethods]

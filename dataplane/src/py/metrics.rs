@@ -18,8 +18,8 @@ pub struct RequestMetrics {
 #[pymethods]
 impl RequestMetrics {
     #[new]
-    fn new(latency_bounds: Vec<f64>) -> Self {
-        RequestMetrics { inner: Arc::new(request::RequestMetrics::new(latency_bounds)) }
+    fn new(latency_bounds: Vec<f64>, event_count_bounds: Vec<f64>) -> Self {
+        RequestMetrics { inner: Arc::new(request::RequestMetrics::new(latency_bounds, event_count_bounds)) }
     }
 
     /// One request answered with `code` after `seconds`.
@@ -73,6 +73,26 @@ impl RequestMetrics {
         self.inner.tls_handshake_failures.add(&[reason], n);
     }
 
+    /// A stream to `model` took its breaker slot (+1) or gave it back (-1).
+    fn stream_opened(&self, model: &str, delta: i64) {
+        self.inner.streams.in_flight.add(&[model], delta);
+    }
+
+    /// A stream's first write to its client, `seconds` after the request began.
+    fn stream_first_event(&self, model: &str, seconds: f64) {
+        self.inner.streams.first_event.observe(&[model], seconds);
+    }
+
+    /// `seconds` between two writes of one stream.
+    fn stream_inter_event(&self, model: &str, seconds: f64) {
+        self.inner.streams.inter_event.observe(&[model], seconds);
+    }
+
+    /// A stream that began ended after `events` events; `outcome`: complete, or the ending's reason.
+    fn stream_ended(&self, model: &str, events: u64, outcome: &str) {
+        self.inner.streams.ended(model, events, outcome);
+    }
+
     /// Requests counted under (protocol, model, code), 0 when none.
     fn requests(&self, protocol: &str, model: &str, code: &str) -> u64 {
         self.inner.requests.value(&[protocol, model, code]).unwrap_or(0)
@@ -84,7 +104,9 @@ impl RequestMetrics {
     }
 
     /// Every series now: {family: [(label values, value)]} for the counters; the histogram as
-    /// "duration": [(label values, cumulative bucket counts with +Inf last, sum)].
+    /// "duration": [(label values, cumulative bucket counts with +Inf last, sum)], the streams'
+    /// histograms alike ("stream_first_event", "stream_inter_event", "stream_events"), their gauge
+    /// ("streams_in_flight") and counter ("stream_endings").
     fn collect<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let out = PyDict::new(py);
         let m = &self.inner;
@@ -104,6 +126,11 @@ impl RequestMetrics {
         out.set_item("duration", m.duration.samples())?;
         out.set_item("connections_open", m.connections_open.load(Ordering::Relaxed))?;
         out.set_item("in_flight", m.in_flight.samples())?;
+        out.set_item("stream_first_event", m.streams.first_event.samples())?;
+        out.set_item("stream_inter_event", m.streams.inter_event.samples())?;
+        out.set_item("stream_events", m.streams.events.samples())?;
+        out.set_item("streams_in_flight", m.streams.in_flight.samples())?;
+        out.set_item("stream_endings", m.streams.endings.samples())?;
         Ok(out)
     }
 }
