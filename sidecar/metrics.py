@@ -246,6 +246,9 @@ _CONNECTION_COUNTERS = (
 
 _IN_FLIGHT = (f"{PREFIX}_proxy_in_flight", "Proxied requests in progress, per model.", ["model"])
 
+_QUEUED = (f"{PREFIX}_proxy_queued", "Proxied requests waiting for a slot at Triton (the breaker's queue, at "
+           "most proxy.queue_size_per_model), per model.", ["model"])
+
 _CONNECTIONS_OPEN = (f"{PREFIX}_http_connections", "Client connections open on listen.port (served by the front "
                      "or handed to the Python app).")
 
@@ -290,6 +293,7 @@ class DataPlaneCollector:
             yield HistogramMetricFamily(name, help_text, labels=["model"])
         yield GaugeMetricFamily(_STREAMS_IN_FLIGHT[0], _STREAMS_IN_FLIGHT[1], labels=_STREAMS_IN_FLIGHT[2])
         yield CounterMetricFamily(_STREAM_ENDINGS[0], _STREAM_ENDINGS[1], labels=_STREAM_ENDINGS[2])
+        yield GaugeMetricFamily(*_QUEUED)
 
     def collect(self) -> Iterator[Metric]:
         now = self._native.collect()
@@ -329,6 +333,10 @@ class DataPlaneCollector:
         for values, count in now["stream_endings"]:
             endings.add_metric(values, count)
         yield endings
+        queued = GaugeMetricFamily(_QUEUED[0], _QUEUED[1], labels=_QUEUED[2])
+        for values, value in now["queued"]:
+            queued.add_metric(values, value)
+        yield queued
 
 
 def _le(bound: float) -> str:

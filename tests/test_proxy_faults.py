@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-from sidecar.fronts.appkeys import SERVING, STATES, WATCH
+from sidecar.fronts.appkeys import STATES, WATCH
 from sidecar.states import ModelState
 from tests.harness import wait_for
 from tests.proxy_support import credit_json, proxy_config, served_like_production, started_and_healthy
@@ -163,7 +163,8 @@ async def test_a_hung_model_gets_504_the_breaker_sheds_load_and_gone_clients_fre
     first = asyncio.create_task(post())
     await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_in_flight", model=model) == 1, 5, what="in flight")
     queued = asyncio.create_task(post())
-    await wait_for(lambda: sidecar.app[SERVING].breaker(model).waiting == 1, 5, what="one request queued")
+    await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_queued", model=model) == 1, 5,
+                   what="one request queued")
     started = time.monotonic()
     status, doc = await post()
     assert (status, doc["reason"]) == (503, "overloaded") and time.monotonic() - started < 1.0
@@ -180,6 +181,19 @@ async def test_a_hung_model_gets_504_the_breaker_sheds_load_and_gone_clients_fre
     await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_requests_total",
                           protocol="http", model=model, code="499") == 1, 1.0,
                    what="499 counted")
+
+    # A queued client that gives up leaves the queue at once: its place is not kept, so later
+    # requests are not refused as overloaded by clients long gone.
+    holder = asyncio.create_task(post(timeout=10))
+    await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_in_flight", model=model) == 1, 5, what="in flight")
+    gone = asyncio.create_task(post(timeout=1.0))
+    await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_queued", model=model) == 1, 1.0, what="queued")
+    with pytest.raises(asyncio.TimeoutError):
+        await gone
+    await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_queued", model=model) == 0, 1.0,
+                   what="the queue place freed after the client left")
+    status, doc = await holder
+    assert (status, doc["reason"]) == (504, "triton_timeout")
 
 
 async def test_a_client_that_leaves_cancels_its_upstream_call_when_served_like_production(triton, fresh_model):

@@ -6,17 +6,26 @@ piling up requests that would all time out.
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol
 
 from sidecar.serving.refusals import Reason, Refusal
+
+
+class Gauge(Protocol):
+    def inc(self) -> None: ...
+
+    def dec(self) -> None: ...
 
 
 class Breaker:
     """At most `capacity` requests at Triton, at most `queue` waiting; more are refused at once."""
 
-    def __init__(self, capacity: int, queue: int) -> None:
+    def __init__(self, capacity: int, queue: int, queued: Gauge | None = None) -> None:
         self._slots = asyncio.Semaphore(capacity)
         self._queue = queue
         self.waiting = 0
+        #: proxy_queued{model}: `waiting`, as operators (and the tests, whichever front) read it.
+        self._queued = queued
 
     def slot(self, model: str, wait_s: float) -> Slot:
         """`async with breaker.slot(model, wait_s)`: a slot within wait_s, or Refusal(overloaded)."""
@@ -30,6 +39,8 @@ class Breaker:
             raise Refusal(Reason.OVERLOADED, f"model {model} has too many requests in flight and "
                                              f"{self.waiting} waiting; retry later", model=model, retry_after=1)
         self.waiting += 1
+        if self._queued is not None:
+            self._queued.inc()
         try:
             async with asyncio.timeout(wait_s):
                 await self._slots.acquire()
@@ -38,6 +49,8 @@ class Breaker:
                           model=model, retry_after=1) from None
         finally:
             self.waiting -= 1
+            if self._queued is not None:
+                self._queued.dec()
 
     def release(self) -> None:
         self._slots.release()

@@ -341,7 +341,8 @@ class ServingCore:
         breaker = self._breakers.get(model)
         if breaker is None:
             breaker = self._breakers[model] = Breaker(self.settings.max_in_flight_per_model,
-                                                      self.settings.queue_size_per_model)
+                                                      self.settings.queue_size_per_model,
+                                                      self.telemetry.queued(model))
         return breaker
 
     def policy(self, model: str) -> OutputPolicy:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,8 +111,13 @@ class RequestTelemetry:
         """The model's proxy_in_flight gauge (a data-plane atomic, shared with the Rust front)."""
         gauge = self._in_flight.get((model,))
         if gauge is None:
-            gauge = self._in_flight[(model,)] = InFlight(self._counts, model)
+            gauge = self._in_flight[(model,)] = InFlight(self._counts.in_flight_add, model)
         return gauge  # type: ignore[no-any-return]
+
+    def queued(self, model: str) -> InFlight:
+        """The model's proxy_queued gauge: requests waiting for a breaker slot (shared with the Rust
+        front's breakers)."""
+        return InFlight(self._counts.queued_add, model)
 
     def filtered(self, model: str, outputs: list[str]) -> None:
         if outputs:
@@ -119,12 +125,13 @@ class RequestTelemetry:
 
 
 class InFlight:
-    """One model's in-flight gauge, as prometheus_client's child offered it (inc, dec)."""
+    """One model's series of a data-plane gauge (in flight, queued), as prometheus_client's child
+    offered it (inc, dec)."""
 
     __slots__ = ("_add", "_model")
 
-    def __init__(self, counts: Any, model: str) -> None:
-        self._add, self._model = counts.in_flight_add, model
+    def __init__(self, add: Callable[[str, int], None], model: str) -> None:
+        self._add, self._model = add, model
         self._add(model, 0)  # the series exists (at 0) from the model's first request
 
     def inc(self) -> None:

@@ -150,7 +150,7 @@ pub(super) async fn slot<'a>(shared: &Shared, breaker: &'a Breaker, model: &str)
     let acquired = {
         // Out of the queue however the wait ends: a slot, the time up, or the task aborted (its
         // client left while it waited).
-        let _queued = Queued::new(breaker);
+        let _queued = Queued::new(shared, breaker, model);
         tokio::time::timeout(shared.settings.upstream_timeout, breaker.slots.acquire()).await
     };
     match acquired {
@@ -163,19 +163,26 @@ pub(super) async fn slot<'a>(shared: &Shared, breaker: &'a Breaker, model: &str)
     }
 }
 
-/// A place in a breaker's queue, held while a request waits for a slot.
-struct Queued<'a>(&'a Breaker);
+/// A place in a breaker's queue and in proxy_queued{model}, held while a request waits for a slot
+/// (a count kept after an abort would fill the queue for good and refuse every later request).
+struct Queued<'a> {
+    shared: &'a Shared,
+    breaker: &'a Breaker,
+    model: &'a str,
+}
 
 impl<'a> Queued<'a> {
-    fn new(breaker: &'a Breaker) -> Self {
+    fn new(shared: &'a Shared, breaker: &'a Breaker, model: &'a str) -> Self {
         breaker.waiting.fetch_add(1, Ordering::Relaxed);
-        Queued(breaker)
+        shared.metrics.queued.add(&[model], 1);
+        Queued { shared, breaker, model }
     }
 }
 
 impl Drop for Queued<'_> {
     fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+        self.breaker.waiting.fetch_sub(1, Ordering::Relaxed);
+        self.shared.metrics.queued.add(&[self.model], -1);
     }
 }
 

@@ -21,6 +21,9 @@ pub struct RequestMetrics {
     pub routed: CounterFamily,
     /// triton_sidecar_proxy_in_flight{model}: requests at Triton (from their breaker slot to the answer).
     pub in_flight: GaugeFamily,
+    /// triton_sidecar_proxy_queued{model}: requests waiting for a breaker slot
+    /// (proxy.queue_size_per_model bounds them).
+    pub queued: GaugeFamily,
     /// The connections of listen.port, whichever front holds them (sidecar/fronts/http_front.py's Rust
     /// one, or the Python listener): triton_sidecar_http_connections (a gauge)...
     pub connections_open: AtomicI64,
@@ -49,6 +52,7 @@ impl RequestMetrics {
             outputs_filtered: CounterFamily::default(),
             routed: CounterFamily::default(),
             in_flight: GaugeFamily::default(),
+            queued: GaugeFamily::default(),
             connections_open: AtomicI64::new(0),
             connections_refused: CounterFamily::default(),
             connection_timeouts: CounterFamily::default(),

@@ -50,6 +50,11 @@ impl RequestMetrics {
         self.inner.in_flight.add(&[model], delta);
     }
 
+    /// A request to `model` began waiting for a breaker slot (+1) or stopped waiting (-1).
+    fn queued_add(&self, model: &str, delta: i64) {
+        self.inner.queued.add(&[model], delta);
+    }
+
     /// A client connection on listen.port opened (+1) or closed (-1).
     fn connection_opened(&self, delta: i64) {
         self.inner.connections_open.fetch_add(delta, Ordering::Relaxed);
@@ -131,6 +136,7 @@ impl RequestMetrics {
         out.set_item("stream_events", m.streams.events.samples())?;
         out.set_item("streams_in_flight", m.streams.in_flight.samples())?;
         out.set_item("stream_endings", m.streams.endings.samples())?;
+        out.set_item("queued", m.queued.samples())?;
         Ok(out)
     }
 }
