@@ -72,17 +72,23 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         triton.start()
         common = {"models": [MODEL], "golden_dir": built.golden_dir, "filtering": {"rules": [CREDIT_FILTER_RULE]},
                   "validation": {"reject_non_finite": True}}
-        plain = SidecarProcess(sidecar_settings(triton, listen={"grpc_port": free_port()}, **common),
+        front = getattr(args, "front", "python")
+        plain = SidecarProcess(sidecar_settings(triton, listen={"grpc_port": free_port(), "front": front}, **common),
                                workdir / "sidecar")
         stack.callback(plain.stop)
         plain.start()
         secure = SidecarProcess(sidecar_settings(
-            triton, listen={"grpc_port": free_port(), "probe_port": free_port()},
+            triton, listen={"grpc_port": free_port(), "probe_port": free_port(), "front": front},
             tls={"cert_file": str(cert), "key_file": str(key)}, **common), workdir / "sidecar-tls")
         stack.callback(secure.stop)
         secure.start()
-        envoy = EnvoyTls(cert=cert, key=key, http_upstream=plain.settings["listen"]["port"],
-                         grpc_upstream=plain.settings["listen"]["grpc_port"], workdir=workdir / "envoy")
+        # --front rust measures issue 30's bar: Envoy terminating TLS straight in front of the same
+        # Triton (its CPU alone); otherwise issue 21's: Envoy in front of the plaintext sidecar.
+        direct = front == "rust"
+        envoy = EnvoyTls(cert=cert, key=key,
+                         http_upstream=triton.ports.http if direct else plain.settings["listen"]["port"],
+                         grpc_upstream=triton.ports.grpc if direct else plain.settings["listen"]["grpc_port"],
+                         workdir=workdir / "envoy")
         stack.callback(envoy.stop)
         envoy.start()
 
@@ -93,7 +99,8 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         "sidecar-tls": (f"127.0.0.1:{secure.settings['listen']['grpc_port']}", ca_file),
                         "envoy-tls": (f"127.0.0.1:{envoy.grpc_port}", ca_file)}
         # CPU of a leg: every process its requests pass through, Triton aside.
-        pids = {"sidecar": [plain.pid], "sidecar-tls": [secure.pid], "envoy-tls": [envoy.pid, plain.pid]}
+        pids = {"sidecar": [plain.pid], "sidecar-tls": [secure.pid],
+                "envoy-tls": [envoy.pid] if direct else [envoy.pid, plain.pid]}
         x = features(1)
         body = json_request(x)
         grpc_file = workdir / "1x128.bin"
@@ -120,7 +127,9 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         target, ca_path = grpc_targets[leg]
                         result = run_load(target, grpc_file, concurrency, args.duration, ca_path)
                     else:
-                        result = _wrk_new_connections(wrk, f"{http[leg]}/healthz", concurrency, int(args.duration))
+                        # Straight to Triton, the handshake's request is one Triton answers too.
+                        path = "/v2/health/live" if direct else "/healthz"
+                        result = _wrk_new_connections(wrk, f"{http[leg]}{path}", concurrency, int(args.duration))
                     cpu = sum(cpu_seconds(p) for p in pids[leg]) - before
                     runs.append({"round": round_no, "wire": wire, "concurrency": concurrency, "leg": leg, **result,
                                  "cpu_s": round(cpu, 3)})
@@ -178,6 +187,9 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = overhead_parser("python -m bench.tls_overhead", __doc__, duration_type=int)
+    parser.add_argument("--front", choices=("python", "rust"), default="python",
+                        help="what serves the sidecars' listen.port (listen.front); rust also puts Envoy straight "
+                             "in front of Triton, issue 30's comparison (default python)")
     args = parser.parse_args(argv)
     return run_overhead_benchmark("tls_overhead", args, measure, verdicts, markdown)
 
