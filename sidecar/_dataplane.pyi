@@ -148,10 +148,12 @@ class HttpFront:
         self,
         lanes: list[tuple[str, RequestSpec, list[str] | None, bool, GenerateLimits, float]],
         ended: list[tuple[str, int, bytes, int | None, str, bytes]],
+        health: list[tuple[str, int, bytes, int | None, str]] = ...,
     ) -> None:
         """lanes: (model, spec, hidden outputs or None, look for NaN/Inf, generate limits,
         generation.idle_timeout_s); ended: (model, status, JSON body, Retry-After or None, reason
-        label, the same refusal as a stream's error event)."""
+        label, the same refusal as a stream's error event); health: (path, status, JSON body or
+        b"", Retry-After or None, reason label or "") for /v2/health/live and /v2/health/ready."""
     def drain_events(self) -> list[tuple[Any, ...]]: ...
     def wake_fd(self) -> int: ...
     def reload_tls(self, tls: tuple[bytes, bytes, bytes | None, list[str], str]) -> None: ...

@@ -170,6 +170,57 @@ async def test_a_kept_alive_client_that_asks_for_metadata_keeps_its_infers_on_th
     assert front.handovers - before_handed == 2  # each metadata request answered by the Python app
 
 
+HEALTH = ("/v2/health/live", "/v2/health/ready")
+
+
+def _raw_get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", path)
+        answer = connection.getresponse()
+        return answer.status, {k.lower(): v for k, v in answer.getheaders()}, answer.read()
+    finally:
+        connection.close()
+
+
+async def test_health_endpoints_are_answered_by_the_front_as_the_python_app_answers_them(triton, start):
+    sidecar = await started_and_healthy(start, _rust(proxy_config(triton)))
+    front = sidecar.server
+    assert isinstance(front, HttpFront)
+    core = sidecar.app[SERVING]
+    await wait_for(lambda: _raw_get(front.port, "/v2/health/ready")[0] == 200, 10, what="the pod ready")
+    before_fast, before_handed = front.fast_requests, front.handovers
+    before_count = sidecar.metric("triton_sidecar_proxy_requests_total", protocol="http", model="_server_",
+                                  code="200") or 0.0
+    with PythonEntries(core) as python:
+        for _ in range(100):
+            for path in HEALTH:
+                status, headers, body = await asyncio.to_thread(_raw_get, front.port, path)
+                assert (status, body) == (200, b""), path
+                assert "content-type" not in headers  # as aiohttp writes an empty 200
+                assert len(headers["x-request-id"]) == 32
+    assert python.count == 0
+    assert front.handovers == before_handed
+    assert front.fast_requests - before_fast == 200
+    assert sidecar.metric("triton_sidecar_proxy_requests_total", protocol="http", model="_server_",
+                          code="200") == before_count + 200
+    # The Python app behind the front gives the same answers (one rule, http_routes').
+    for path in HEALTH:
+        assert (await asyncio.to_thread(_raw_get, front.back.port, path))[0::2] == (200, b"")
+
+    # A drain fails readiness at once, not at the front's next tick; liveness stays.
+    sidecar.app[LIFECYCLE].begin_drain()
+    status, headers, body = await asyncio.to_thread(_raw_get, front.port, "/v2/health/ready")
+    assert status == 503
+    assert headers["content-type"] == "application/json; charset=utf-8"
+    assert json.loads(body) == {"error": "shutting down", "reason": "not_ready", "problems": ["shutting down"]}
+    assert (status, body) == (await asyncio.to_thread(_raw_get, front.back.port, "/v2/health/ready"))[0::2]
+    assert (await asyncio.to_thread(_raw_get, front.port, "/v2/health/live"))[0] == 200
+    assert sidecar.metric("triton_sidecar_proxy_rejections_total", protocol="http", model="_server_",
+                          reason="not_ready") == 2  # the front's refusal and the app's
+    assert front.handovers == before_handed
+
+
 #: liveness.watchdog_stall_s in the watchdog tests: above a probe round's length on a busy machine
 #: (the supervisors' own stall is judged by the same bound).
 STALL_S = 2.0

@@ -39,13 +39,15 @@ import structlog
 from aiohttp import web
 
 from sidecar._dataplane import HttpFront as NativeFront
-from sidecar.fronts.appkeys import CONFIG, HEARTBEATS, LIFECYCLE, SERVING, STATES, TLS
+from sidecar.fronts.appkeys import CONFIG, HEARTBEATS, LIFECYCLE, SERVING, STATES, TLS, WATCH
 from sidecar.fronts.http_listener import SidecarListener
+from sidecar.fronts.http_routes import live_refusal, ready_refusal
 from sidecar.fronts.tls import HANDSHAKE_TIMEOUT_S, ServerTls, TlsFileError, TlsMaterial
 from sidecar.messages import cut
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
 from sidecar.serving.core import ServingCore
 from sidecar.serving.generation import error_event
+from sidecar.serving.refusals import Refusal
 from sidecar.states import ModelStates, Transition
 
 log = structlog.get_logger("sidecar.proxy")
@@ -68,6 +70,10 @@ Lane = tuple[str, Any, list[str] | None, bool, Any, float]
 
 #: (model, status, JSON body, Retry-After, reason label, the same refusal as a stream's error event).
 Ended = tuple[str, int, bytes, int | None, str, bytes]
+
+#: (path, status, JSON body or b"", Retry-After, reason label or ""): an answer that depends only on
+#: the health loop's state (/v2/health/live, /v2/health/ready), served by the front as published.
+Canned = tuple[str, int, bytes, int | None, str]
 
 #: The front's runtime threads, as /healthz names them when they stop turning. The other way round,
 #: the front answers /healthz and /readyz 503 itself when this loop stops touching it (every tick)
@@ -134,7 +140,8 @@ class HttpFront:
         self.app[HEARTBEATS].watch(FRONT_RUNTIME, lambda: native.runtime_silent_for)
         # SIGTERM's drain waits for the requests the front serves on its own too (in flight, and
         # quiet for the same period as the Python listener's).
-        self.app[LIFECYCLE].watch_front(lambda: native.in_flight, lambda: native.fast_requests)
+        self.app[LIFECYCLE].watch_front(lambda: native.in_flight, lambda: native.fast_requests, self.publish)
+        self.app[WATCH].add_listener(self.publish)  # /v2/health/* follow Triton's status at once
         states: ModelStates = self.app[STATES]
         states.add_listener(self._on_transition)
         states.add_suspect_listener(self._on_suspect)
@@ -264,15 +271,24 @@ class HttpFront:
 
         self._warming[model] = asyncio.get_running_loop().create_task(fetch(), name=f"http-front-spec:{model}")
 
+    def health(self) -> list[Canned]:
+        """/v2/health/live and /v2/health/ready as the Python routes answer them now (one rule:
+        http_routes' live_refusal and ready_refusal). Published on every tick and at once on a
+        transition or a drain, so the front's answer is never older than a tick (50 ms while it
+        serves, a second when idle); when this loop stalls the front forwards them again."""
+        return [_canned(path, refusal(self.app))
+                for path, refusal in (("/v2/health/live", live_refusal), ("/v2/health/ready", ready_refusal))]
+
     def publish(self, *, force: bool = False) -> None:
         if self._native is None:
             return
         lanes, ended = self.lanes()
+        health = self.health()
         key = (tuple((m, id(s), tuple(h) if h is not None else None, c, id(g), i) for m, s, h, c, g, i in lanes),
-               tuple((m, s, b) for m, s, b, *_ in ended))
+               tuple((m, s, b) for m, s, b, *_ in ended), tuple(health))
         if key == self._published and not force:
             return
-        self._native.publish(lanes, ended)
+        self._native.publish(lanes, ended, health)
         self._published = key
 
     async def _run_tick(self) -> None:
@@ -315,9 +331,9 @@ class HttpFront:
             if kind == "answered":
                 signals.upstream_answered(event[1])
             elif kind == "log":
-                _, request_id, trace_id, model, path, status, duration_ms, reason, client_subject = event
+                _, request_id, trace_id, model, method, path, status, duration_ms, reason, client_subject = event
                 fields: dict[str, Any] = {"request_id": request_id, "trace_id": trace_id, "model": model,
-                                          "protocol": "http", "method": "POST", "path": path, "status": status,
+                                          "protocol": "http", "method": method, "path": path, "status": status,
                                           "duration_ms": duration_ms}
                 if reason:
                     fields["reason"] = reason
@@ -357,6 +373,12 @@ class HttpFront:
             elif kind == "stream_ended":
                 _, model, reason, count, cause = event
                 log.warning("stream_ended", model=model, reason=reason, events=count, cause=cause)
+
+
+def _canned(path: str, refusal: Refusal | None) -> Canned:
+    if refusal is None:
+        return path, 200, b"", None, ""
+    return path, refusal.status, json.dumps(refusal.body()).encode(), refusal.retry_after, refusal.reason.value
 
 
 def _tls_material(tls: ServerTls, material: TlsMaterial) -> tuple[bytes, bytes, bytes | None, list[str], str]:

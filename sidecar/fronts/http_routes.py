@@ -158,17 +158,30 @@ def _proxied(handler: ProxyHandler) -> Callable[[web.Request], Awaitable[web.Str
     return run
 
 
+def live_refusal(app: web.Application) -> Refusal | None:
+    """Why /v2/health/live fails now (None: it answers 200). The Rust front serves the same answer
+    from what sidecar.fronts.http_front publishes."""
+    watch = app[WATCH]
+    return None if watch.live else Refusal(Reason.NOT_READY, f"Triton is not live: {watch.detail}")
+
+
+def ready_refusal(app: web.Application) -> Refusal | None:
+    """Why /v2/health/ready fails now (None: it answers 200)."""
+    problems = app[READINESS].problems()
+    return Refusal(Reason.NOT_READY, "; ".join(problems), problems=problems) if problems else None
+
+
 async def server_live(request: web.Request, ctx: RequestContext) -> web.StreamResponse:
-    watch = request.app[WATCH]
-    if watch.live:
-        return web.Response(status=200)
-    raise Refusal(Reason.NOT_READY, f"Triton is not live: {watch.detail}")
+    refusal = live_refusal(request.app)
+    if refusal is not None:
+        raise refusal
+    return web.Response(status=200)
 
 
 async def server_ready(request: web.Request, ctx: RequestContext) -> web.StreamResponse:
-    problems = request.app[READINESS].problems()
-    if problems:
-        raise Refusal(Reason.NOT_READY, "; ".join(problems), problems=problems)
+    refusal = ready_refusal(request.app)
+    if refusal is not None:
+        raise refusal
     return web.Response(status=200)
 
 

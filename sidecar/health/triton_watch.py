@@ -43,6 +43,20 @@ class TritonWatch:
         self.last_live_at = clock()
         # Written by mark_unreachable only: (clock() of the report, what the request saw).
         self._reported: tuple[float, str] | None = None
+        #: Told after every check and report that changed live, ready or the detail (the Rust front
+        #: serves /v2/health/* from what it was last told).
+        self._listeners: list[Callable[[], None]] = []
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def _status(self) -> tuple[bool, bool, str]:
+        return self.live, self.ready, self.detail
+
+    def _changed(self, before: tuple[bool, bool, str]) -> None:
+        if self._status() != before:
+            for listener in self._listeners:
+                listener()
 
     def _report_stands(self) -> bool:
         return self._reported is not None and self._reported[0] >= self._checked_from
@@ -77,8 +91,10 @@ class TritonWatch:
             detail = f"unreachable: {e}"
         if live != self.live or ready != self.ready or not self.checked:
             log.info("triton_status_changed", live=live, ready=ready, cause=detail)
+        before = self._status()
         self._live, self._ready, self._detail, self.checked = live, ready, detail, True
         self._checked_from = started
+        self._changed(before)
         if live:
             self.last_live_at = self._clock()
         self._metrics.triton_up.set(1 if live else 0)
@@ -89,7 +105,9 @@ class TritonWatch:
         """A proxied request could not reach Triton: stop calling the pod ready right away."""
         if self.ready:
             log.warning("triton_status_changed", live=False, ready=False, cause=detail)
+        before = self._status()
         self._reported = (self._clock(), detail)
+        self._changed(before)
         self._metrics.triton_up.set(0)
         self._metrics.triton_ready.set(0)
 

@@ -26,14 +26,21 @@ class Lifecycle:
         self._idle.set()
         #: Fronts that serve requests without this loop (the Rust front): (in flight, served so far).
         self._fronts: list[tuple[Callable[[], int], Callable[[], int]]] = []
+        self._drain_listeners: list[Callable[[], None]] = []
 
-    def watch_front(self, in_flight: Callable[[], int], served: Callable[[], int]) -> None:
+    def watch_front(self, in_flight: Callable[[], int], served: Callable[[], int],
+                    on_drain: Callable[[], None] | None = None) -> None:
         """A front that counts its own requests: a drain waits for its requests in flight and for
-        its traffic to go quiet too."""
+        its traffic to go quiet too. `on_drain` is told at once when the drain begins (the Rust
+        front's /v2/health/ready must fail now, not at its next tick)."""
         self._fronts.append((in_flight, served))
+        if on_drain is not None:
+            self._drain_listeners.append(on_drain)
 
     def begin_drain(self) -> None:
         self.draining = True
+        for listener in self._drain_listeners:
+            listener()
 
     def request_started(self) -> None:
         self.in_flight += 1

@@ -21,8 +21,12 @@ use super::events::{AccessRecord, Event};
 use super::generate::{self, Endpoint};
 use super::generate_stream::{self, Relayed};
 use super::lane::{self, Infer};
-use super::reply::{encode, refusal, Reply};
+use super::reply::{encode, refusal, Reply, JSON_REFUSAL};
+use super::state::Canned;
 use super::Shared;
+
+/// The metrics label of a request to the pod rather than a model (sidecar.serving.admission).
+const SERVER_LABEL: &str = "_server_";
 
 /// A request head as the front read it.
 struct Head {
@@ -70,6 +74,8 @@ pub struct Connection<S> {
     answered_any: bool,
     /// The client certificate's subject (mutual TLS), for the access log; "" without one.
     client_subject: Arc<str>,
+    /// The method of the request being served, for the access log of a refusal ("" before one).
+    method: String,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
@@ -81,6 +87,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             buf: BytesMut::with_capacity(16 * 1024),
             answered_any: false,
             client_subject: Arc::from(""),
+            method: String::new(),
         }
     }
 
@@ -101,6 +108,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
 
     /// The next request head, or None when the connection is done (closed, timed out, refused).
     async fn read_head(&mut self) -> Option<Head> {
+        self.method.clear();
         let settings = &self.shared.settings;
         let idle_since = Instant::now();
         let mut begun: Option<Instant> = None;
@@ -155,6 +163,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
     /// Serve one request; false when the connection is done.
     async fn serve(&mut self, head: Head) -> bool {
         let started = Instant::now();
+        self.method.clone_from(&head.method);
         if let Some(why) = smuggling(&head) {
             let reply = refusal("malformed", 400, &why, "", &[]);
             self.refuse(reply, &head.path, "", Drain::Count).await;
@@ -169,6 +178,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             self.buf.advance(head.length);
             let request_id = request_id(head.get("x-request-id"));
             return self.write_answer(&encode(&reply, &request_id, keep_alive), keep_alive).await;
+        }
+        if let Some(canned) = self.canned(&head) {
+            return self.answer_canned(head, &canned, started).await;
         }
         let Some(infer) = self.lane_for(&head) else {
             if forwardable(&head, self.shared.settings.max_body_bytes) {
@@ -336,7 +348,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                         let seconds = started.elapsed().as_secs_f64();
                         shared.metrics.finish("http", &model, "499", seconds);
                         shared.events.push(Event::Log(AccessRecord {
-                            request_id, trace_id: trace, model, path: cut(&path, 200), status: 499,
+                            request_id, trace_id: trace, model, method: "POST".to_owned(), path: cut(&path, 200), status: 499,
                             duration_ms: (seconds * 100_000.0).round() / 100.0,
                             reason: "client_disconnected".to_owned(),
                             client_subject: self.client_subject.clone(),
@@ -397,6 +409,62 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         };
         let lane = self.shared.state.load().lanes.get(model)?.clone();
         Some((model.to_owned(), lane, header_length, endpoint))
+    }
+
+    /// The published answer to this request when it is a GET of a health endpoint with no body, and
+    /// the health loop is turning (a stalled one's answers are stale: they go to the Python app,
+    /// as before, and its watchdog speaks for it on /healthz and /readyz).
+    fn canned(&self, head: &Head) -> Option<Arc<Canned>> {
+        if head.method != "GET" || head.get("transfer-encoding").is_some() {
+            return None;
+        }
+        if head.get("content-length").is_some_and(|v| v.trim() != "0") {
+            return None;
+        }
+        if self.shared.watchdog.control_silent_for() >= self.shared.settings.watchdog_stall {
+            return None;
+        }
+        let path = head.path.split('?').next().unwrap_or("");
+        self.shared.state.load().health.get(path).cloned()
+    }
+
+    /// Answer a health endpoint as published, counted and logged as the Python chain does (the
+    /// pod's own label, every refusal logged, a sample of the rest).
+    async fn answer_canned(&mut self, head: Head, canned: &Canned, started: Instant) -> bool {
+        self.buf.advance(head.length);
+        let shared = self.shared.clone();
+        let request_id = request_id(head.get("x-request-id"));
+        let trace_id = trace_id(head.get("traceparent"));
+        let keep_alive = head.keep_alive();
+        let reply = Reply {
+            status: canned.status,
+            content_type: if canned.body.is_empty() { String::new() } else { JSON_REFUSAL.to_owned() },
+            header_length: None,
+            retry_after: canned.retry_after,
+            body: canned.body.clone(),
+            reason: "",
+        };
+        if !canned.reason.is_empty() {
+            shared.metrics.rejections.inc(&["http", SERVER_LABEL, &canned.reason]);
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        shared.metrics.finish("http", SERVER_LABEL, &canned.status.to_string(), seconds);
+        shared.fast_requests.fetch_add(1, Ordering::Relaxed);
+        let rate = shared.settings.access_log_sample_rate;
+        if !canned.reason.is_empty() || rate >= 1.0 || (rate > 0.0 && super::lane::sample(rate)) {
+            shared.events.push(Event::Log(AccessRecord {
+                request_id: request_id.clone(),
+                trace_id,
+                model: SERVER_LABEL.to_owned(),
+                method: head.method.clone(),
+                path: cut(&head.path, 200),
+                status: canned.status,
+                duration_ms: (seconds * 100_000.0).round() / 100.0,
+                reason: canned.reason.clone(),
+                client_subject: self.client_subject.clone(),
+            }));
+        }
+        self.write_answer(&encode(&reply, &request_id, keep_alive), keep_alive).await
     }
 
     /// Send one request the lane does not serve to the Python app and relay its answer; the
@@ -472,6 +540,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             request_id: id.clone(),
             trace_id: String::new(),
             model: label.to_owned(),
+            method: self.method.clone(),
             path: cut(path, 200),
             status: reply.status,
             duration_ms: 0.0,

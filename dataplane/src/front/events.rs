@@ -60,6 +60,8 @@ pub struct AccessRecord {
     pub request_id: String,
     pub trace_id: String,
     pub model: String,
+    /// As the client sent it ("" when the refusal came before a request line could be read).
+    pub method: String,
     pub path: String,
     pub status: u16,
     pub duration_ms: f64,

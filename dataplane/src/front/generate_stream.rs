@@ -145,6 +145,7 @@ impl Drop for Record<'_> {
             request_id: self.request.request_id.clone(),
             trace_id: self.request.trace_id.clone(),
             model: model.to_owned(),
+            method: "POST".to_owned(),
             path: cut(&self.request.path, 200),
             status: 499,
             duration_ms: (seconds * 100_000.0).round() / 100.0,

@@ -62,6 +62,7 @@ pub fn finish_status(shared: &Shared, request: &Infer, status: u16, reason: &str
             request_id: request.request_id.clone(),
             trace_id: request.trace_id.clone(),
             model: request.model.clone(),
+            method: "POST".to_owned(),
             path: cut(&request.path, 200),
             status,
             duration_ms: (seconds * 100_000.0).round() / 100.0,
@@ -71,7 +72,7 @@ pub fn finish_status(shared: &Shared, request: &Infer, status: u16, reason: &str
     }
 }
 
-fn sample(rate: f64) -> bool {
+pub(super) fn sample(rate: f64) -> bool {
     ((super::connection::random_u64() >> 11) as f64 / (1u64 << 53) as f64) < rate
 }
 

@@ -111,14 +111,12 @@ pub fn reason_phrase(status: u16) -> &'static str {
 /// The whole answer: head and body in one buffer (one write).
 pub fn encode(reply: &Reply, request_id: &str, keep_alive: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(256 + reply.body.len());
-    let head = format!(
-        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nX-Request-ID: {}\r\n",
-        reply.status,
-        reason_phrase(reply.status),
-        reply.content_type,
-        reply.body.len(),
-        request_id
-    );
+    out.extend_from_slice(format!("HTTP/1.1 {} {}\r\n", reply.status, reason_phrase(reply.status)).as_bytes());
+    // An empty 200 has no type, as aiohttp's web.Response() writes it.
+    if !reply.content_type.is_empty() {
+        out.extend_from_slice(format!("Content-Type: {}\r\n", reply.content_type).as_bytes());
+    }
+    let head = format!("Content-Length: {}\r\nX-Request-ID: {}\r\n", reply.body.len(), request_id);
     out.extend_from_slice(head.as_bytes());
     if let Some(length) = reply.header_length {
         out.extend_from_slice(format!("Inference-Header-Content-Length: {length}\r\n").as_bytes());

@@ -49,10 +49,23 @@ pub struct Ended {
     pub event: Bytes,
 }
 
+/// An answer that depends only on the health loop's state (`/v2/health/live`, `/v2/health/ready`):
+/// Python writes it (sidecar.fronts.http_routes' rule) and the front serves it as published.
+pub struct Canned {
+    pub status: u16,
+    /// The refusal's JSON, empty for 200.
+    pub body: Bytes,
+    pub retry_after: Option<u64>,
+    /// The refusal's reason label, "" for 200.
+    pub reason: String,
+}
+
 #[derive(Default)]
 pub struct Snapshot {
     pub lanes: HashMap<String, std::sync::Arc<Lane>>,
     pub ended: HashMap<String, std::sync::Arc<Ended>>,
+    /// By path; a path not here (before Python's first publish) is forwarded to the Python app.
+    pub health: HashMap<String, std::sync::Arc<Canned>>,
 }
 
 /// The per-model breaker (as sidecar/serving/breaker.py): `capacity` requests at Triton, `queue`

@@ -20,7 +20,7 @@ use std::os::unix::net::UnixStream;
 
 use crate::front::events::{Event, Events};
 use crate::front::settings::Settings;
-use crate::front::state::{Breaker, Ended, Lane, Snapshot};
+use crate::front::state::{Breaker, Canned, Ended, Lane, Snapshot};
 use crate::front::tls::{server_config, Terminator, TlsMaterial};
 use crate::front::upstream::Upstream;
 use crate::front::{accept_loop, Shared};
@@ -36,6 +36,8 @@ type LaneTuple<'py> = (String, PyRef<'py, RequestSpec>, Option<Vec<String>>, boo
 /// (model, status, JSON body, Retry-After or None, reason label, the same refusal as a stream's last
 /// event).
 type EndedTuple = (String, u16, Vec<u8>, Option<u64>, String, Vec<u8>);
+/// (path, status, JSON body or empty, Retry-After or None, reason label or "").
+type CannedTuple = (String, u16, Vec<u8>, Option<u64>, String);
 
 /// (certificate chain PEM, key PEM, client CA bundle PEM or None, allowed client SANs, min version)
 /// as sidecar/fronts/tls.py loaded and checked them.
@@ -246,8 +248,10 @@ impl HttpFront {
     /// Swap in the state requests read. `lanes`: (model, spec, hidden outputs or None, check
     /// non-finite, generate limits, generation.idle_timeout_s); `ended`: (model, status, JSON body,
     /// Retry-After or None, reason label, the streams' error event) for models whose requests at
-    /// Triton must end now.
-    fn publish(&self, lanes: Vec<LaneTuple<'_>>, ended: Vec<EndedTuple>) -> PyResult<()> {
+    /// Triton must end now; `health`: the answers of /v2/health/live and /ready as Python would give
+    /// them now.
+    #[pyo3(signature = (lanes, ended, health = Vec::new()))]
+    fn publish(&self, lanes: Vec<LaneTuple<'_>>, ended: Vec<EndedTuple>, health: Vec<CannedTuple>) -> PyResult<()> {
         let mut breakers = self.breakers.lock().map_err(|_| PyRuntimeError::new_err("breakers poisoned"))?;
         let capacity = self.shared.settings.max_in_flight_per_model;
         let mut snapshot = Snapshot::default();
@@ -267,6 +271,9 @@ impl HttpFront {
             let ended = Ended { status, body: Bytes::from(body), retry_after, reason, event: Bytes::from(event) };
             snapshot.ended.insert(model, Arc::new(ended));
         }
+        for (path, status, body, retry_after, reason) in health {
+            snapshot.health.insert(path, Arc::new(Canned { status, body: Bytes::from(body), retry_after, reason }));
+        }
         self.shared.publish(snapshot);
         self.shared.watchdog.control_seen();
         Ok(())
@@ -274,7 +281,7 @@ impl HttpFront {
 
     /// Everything the front queued since the last call, oldest first, as tuples:
     /// ("answered", model, count), ("failed", model, kind, status, detail), ("non_finite", model,
-    /// outputs), ("ended", model, count), ("log", request_id, trace_id, model, path, status,
+    /// outputs), ("ended", model, count), ("log", request_id, trace_id, model, method, path, status,
     /// duration_ms, reason, client_subject), ("panic", model, message), ("tls_refused", reason,
     /// client_subject), ("stream_ended", model, reason, events, cause).
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
@@ -293,6 +300,7 @@ impl HttpFront {
                     r.request_id,
                     r.trace_id,
                     r.model,
+                    r.method,
                     r.path,
                     r.status,
                     r.duration_ms,
