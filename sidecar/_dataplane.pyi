@@ -140,6 +140,9 @@ class HttpFront:
     @property
     def in_flight(self) -> int: ...
     @property
+    def upstream_pool(self) -> tuple[int, int, int, int]:
+        """(connections opened, calls that reused one, idle now, open now) to Triton."""
+    @property
     def runtime_silent_for(self) -> float: ...
     @property
     def control_silent_for(self) -> float: ...

@@ -22,13 +22,28 @@ import pytest
 
 from sidecar.devtools.tritonserver import LocalTriton, free_port
 from sidecar.fronts.appkeys import UPSTREAM_POOL
+from sidecar.fronts.http_front import HttpFront, UpstreamStats
 from sidecar.states import ModelState
 from sidecar.upstream import UpstreamDropped, UpstreamPool, UpstreamUnreachable
-from tests.harness import REPO, start_sidecar, stop_sidecar, triton_post, wait_for
+from tests.harness import REPO, RunningSidecar, start_sidecar, stop_sidecar, triton_post, wait_for
 from tests.proxy_support import binary_request, credit_json, decode_answer, proxy_config, started_and_healthy
 
 ECHO_TEMPLATE = REPO / "tests" / "models" / "echo"
 CREDIT = "/v2/models/credit_risk/infer"
+
+
+def _carrying_pool(sidecar: RunningSidecar) -> UpstreamPool | UpstreamStats:
+    """The pool that carries the sidecar's infers to Triton: the Rust front's own when it serves
+    listen.port (SIDECAR_TEST_FRONT=rust), else sidecar.upstream's; both count alike."""
+    return sidecar.server.upstream if isinstance(sidecar.server, HttpFront) else sidecar.app[UPSTREAM_POOL]
+
+
+async def _served_by_the_front(sidecar: RunningSidecar, model: str) -> None:
+    """With the Rust front, wait until it serves the model itself (its first requests would
+    otherwise be the Python chain's, on the Python pool)."""
+    if isinstance(sidecar.server, HttpFront):
+        front = sidecar.server
+        await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]}, 10, what=f"{model} a lane")
 
 
 async def _post(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, dict]:
@@ -43,7 +58,8 @@ async def test_requests_reuse_kept_alive_connections_and_the_pool_closes_with_th
     sidecar = await start_sidecar(proxy_config(triton))
     try:
         await wait_for(lambda: sidecar.state("credit_risk") is ModelState.HEALTHY, 30, what="HEALTHY")
-        pool = sidecar.app[UPSTREAM_POOL]
+        await _served_by_the_front(sidecar, "credit_risk")
+        pool = _carrying_pool(sidecar)
         for seed in range(20):  # one after the other: one connection carries them all
             assert (await _post(sidecar.session, sidecar.url + CREDIT, credit_json(seed=seed)))[0] == 200
         assert (pool.connections_opened, pool.reused, pool.idle) == (1, 19, 1)
@@ -57,13 +73,15 @@ async def test_requests_reuse_kept_alive_connections_and_the_pool_closes_with_th
     finally:
         await stop_sidecar(sidecar)
     assert pool.open_connections == 0 and pool.idle == 0
-    with pytest.raises(UpstreamUnreachable):
-        await pool.request("GET", "/v2", {}, timeout_s=1)
+    if isinstance(pool, UpstreamPool):  # a closed Python pool refuses calls (the front's is gone)
+        with pytest.raises(UpstreamUnreachable):
+            await pool.request("GET", "/v2", {}, timeout_s=1)
 
 
 async def test_triton_killed_and_restarted_under_the_running_sidecar(own_triton, start):
     sidecar = await started_and_healthy(start, proxy_config(own_triton, models=["credit_risk"]))
-    pool = sidecar.app[UPSTREAM_POOL]
+    await _served_by_the_front(sidecar, "credit_risk")
+    pool = _carrying_pool(sidecar)
     url = sidecar.url + CREDIT
     assert (await _post(sidecar.session, url, credit_json()))[0] == 200
     opened = pool.connections_opened
@@ -90,7 +108,8 @@ async def test_a_client_that_leaves_closes_its_upstream_connection(triton, fresh
     model = fresh_model.name
     sidecar = await started_and_healthy(start, proxy_config(
         triton, models=[model], golden_dir=fresh_model.golden_dir, probes={"interval_s": 3600, "jitter": 0.0}))
-    pool = sidecar.app[UPSTREAM_POOL]
+    await _served_by_the_front(sidecar, model)
+    pool = _carrying_pool(sidecar)
     url = f"{sidecar.url}/v2/models/{model}/infer"
     assert (await _post(sidecar.session, url, credit_json()))[0] == 200
     assert pool.open_connections == 1

@@ -176,6 +176,12 @@ class HttpFront:
         return self._native.in_flight if self._native is not None else 0
 
     @property
+    def upstream(self) -> UpstreamStats:
+        """The front's own connections to Triton, counted as sidecar.upstream.UpstreamPool counts its."""
+        assert self._native is not None
+        return UpstreamStats(self._native)
+
+    @property
     def control_silent_for(self) -> float:
         """Seconds since this loop last touched the front (its watchdog of the control plane)."""
         return self._native.control_silent_for if self._native is not None else 0.0
@@ -373,6 +379,29 @@ class HttpFront:
             elif kind == "stream_ended":
                 _, model, reason, count, cause = event
                 log.warning("stream_ended", model=model, reason=reason, events=count, cause=cause)
+
+
+class UpstreamStats:
+    """The Rust front's pool to Triton, read live: the attributes UpstreamPool has for the same."""
+
+    def __init__(self, native: NativeFront) -> None:
+        self._native = native
+
+    @property
+    def connections_opened(self) -> int:
+        return self._native.upstream_pool[0]
+
+    @property
+    def reused(self) -> int:
+        return self._native.upstream_pool[1]
+
+    @property
+    def idle(self) -> int:
+        return self._native.upstream_pool[2]
+
+    @property
+    def open_connections(self) -> int:
+        return self._native.upstream_pool[3]
 
 
 def _canned(path: str, refusal: Refusal | None) -> Canned:

@@ -658,7 +658,7 @@ fn relayed(status: u16, headers: &hyper::HeaderMap, body: &[u8], keep_alive: boo
         if HOP_BY_HOP.contains(&name) || name == "content-length" {
             continue;
         }
-        out.extend_from_slice(name.as_bytes());
+        write_name(name, &mut out);
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
@@ -670,6 +670,21 @@ fn relayed(status: u16, headers: &hyper::HeaderMap, body: &[u8], keep_alive: boo
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(body);
     out
+}
+
+/// A header name as the Python app wrote it (hyper hands names over lower-cased): each word
+/// capitalised, and the sidecar's own `X-Request-ID` as it spells it, so a forwarded answer reads
+/// byte for byte as it did without the front (names are case-insensitive, some clients' lookups not).
+fn write_name(name: &str, out: &mut Vec<u8>) {
+    if name == "x-request-id" {
+        out.extend_from_slice(b"X-Request-ID");
+        return;
+    }
+    let mut upper = true;
+    for b in name.bytes() {
+        out.push(if upper { b.to_ascii_uppercase() } else { b });
+        upper = b == b'-';
+    }
 }
 
 pub(super) fn panic_message(e: tokio::task::JoinError) -> String {
@@ -917,6 +932,20 @@ mod tests {
     fn a_chunked_body_over_the_limit_is_refused() {
         let mut decoder = Chunked::default();
         assert!(matches!(decoder.feed(b"5\r\nabcde\r\n5\r\nfghij\r\n0\r\n\r\n", 8), Err(ChunkError::TooLarge)));
+    }
+
+    #[test]
+    fn relayed_header_names_are_written_as_the_python_app_wrote_them() {
+        for (name, written) in [
+            ("x-request-id", "X-Request-ID"),
+            ("content-type", "Content-Type"),
+            ("inference-header-content-length", "Inference-Header-Content-Length"),
+            ("retry-after", "Retry-After"),
+        ] {
+            let mut out = Vec::new();
+            write_name(name, &mut out);
+            assert_eq!(out, written.as_bytes());
+        }
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! read frame by frame (`Upstream::stream`); its connection goes back to the pool only when the
 //! stream was read to its end, and is closed at once when the stream is dropped before.
 
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -23,6 +25,29 @@ pub struct Upstream {
     /// "host:port" of Triton's HTTP endpoint.
     authority: String,
     timeout: Duration,
+    /// Connections opened and calls that reused an idle one, since the start.
+    opened: AtomicU64,
+    reused: AtomicU64,
+    /// Connections open now: counted up at connect, down when a connection's task ends (closed by
+    /// either side, aborted, or dropped with the runtime).
+    open: Arc<AtomicI64>,
+}
+
+/// What the pool did, as sidecar.upstream.UpstreamPool counts it (the tests read both the same way).
+pub struct PoolStats {
+    pub opened: u64,
+    pub reused: u64,
+    pub idle: usize,
+    pub open: i64,
+}
+
+/// Counts a connection open for as long as its task lives.
+struct OpenConnection(Arc<AtomicI64>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Idle connections kept at most (more are closed when they come back).
@@ -52,7 +77,24 @@ pub struct Answer {
 
 impl Upstream {
     pub fn new(authority: String, timeout: Duration) -> Self {
-        Upstream { idle: Mutex::new(Vec::new()), authority, timeout }
+        Upstream {
+            idle: Mutex::new(Vec::new()),
+            authority,
+            timeout,
+            opened: AtomicU64::new(0),
+            reused: AtomicU64::new(0),
+            open: Arc::new(AtomicI64::new(0)),
+        }
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let idle = self.idle.lock().map(|idle| idle.iter().filter(|p| !p.sender.is_closed()).count()).unwrap_or(0);
+        PoolStats {
+            opened: self.opened.load(Ordering::Relaxed),
+            reused: self.reused.load(Ordering::Relaxed),
+            idle,
+            open: self.open.load(Ordering::Relaxed),
+        }
     }
 
     fn take_idle(&self) -> Option<Pooled> {
@@ -78,8 +120,12 @@ impl Upstream {
         let _ = stream.set_nodelay(true);
         let (sender, connection) =
             http1::handshake(TokioIo::new(stream)).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        self.open.fetch_add(1, Ordering::Relaxed);
+        let counted = OpenConnection(self.open.clone());
         // The connection's own task: it ends when the connection closes or its sender is dropped.
         let task = tokio::spawn(async move {
+            let _counted = counted;
             let _ = connection.await;
         });
         Ok(Pooled { sender, task: task.abort_handle() })
@@ -90,7 +136,10 @@ impl Upstream {
     async fn ready(&self) -> Result<Pooled, Failure> {
         match self.take_idle() {
             Some(mut pooled) => match pooled.sender.ready().await {
-                Ok(()) => Ok(pooled),
+                Ok(()) => {
+                    self.reused.fetch_add(1, Ordering::Relaxed);
+                    Ok(pooled)
+                }
                 Err(_) => self.connect().await,
             },
             None => self.connect().await,

@@ -212,6 +212,14 @@ impl HttpFront {
         self.shared.handovers.load(Ordering::Relaxed)
     }
 
+    /// The pool of connections to Triton: (opened, calls that reused one, idle now, open now), as
+    /// sidecar.upstream.UpstreamPool counts them.
+    #[getter]
+    fn upstream_pool(&self) -> (u64, u64, usize, i64) {
+        let stats = self.shared.upstream.stats();
+        (stats.opened, stats.reused, stats.idle, stats.open)
+    }
+
     #[getter]
     fn fast_requests(&self) -> u64 {
         self.shared.fast_requests.load(Ordering::Relaxed)
