@@ -149,14 +149,17 @@ class HttpFront:
     def stall_runtime(self, seconds: float) -> None: ...
     def publish(
         self,
-        lanes: list[tuple[str, RequestSpec, list[str] | None, bool, GenerateLimits, float]],
-        ended: list[tuple[str, int, bytes, int | None, str, bytes]],
+        lanes: list[tuple[str, RequestSpec, list[str] | None, bool, GenerateLimits, float,
+                          list[tuple[str, RequestSpec, list[str] | None]]]],
+        ended: list[tuple[str, int, bytes, int | None, str, bytes, list[str] | None]],
         health: list[tuple[str, int, bytes, int | None, str]] = ...,
     ) -> None:
         """lanes: (model, spec, hidden outputs or None, look for NaN/Inf, generate limits,
-        generation.idle_timeout_s); ended: (model, status, JSON body, Retry-After or None, reason
-        label, the same refusal as a stream's error event); health: (path, status, JSON body or
-        b"", Retry-After or None, reason label or "") for /v2/health/live and /v2/health/ready."""
+        generation.idle_timeout_s, [(version a client may pin, its spec, its hidden outputs or
+        None)]); ended: (model, status, JSON body, Retry-After or None, reason label, the same
+        refusal as a stream's error event, the versions whose requests at Triton it ends ("" =
+        unversioned) or None for every version); health: (path, status, JSON body or b"",
+        Retry-After or None, reason label or "") for /v2/health/live and /v2/health/ready."""
     def drain_events(self) -> list[tuple[Any, ...]]: ...
     def wake_fd(self) -> int: ...
     def reload_tls(self, tls: tuple[bytes, bytes, bytes | None, list[str], str]) -> None: ...

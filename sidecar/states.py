@@ -90,6 +90,16 @@ class ModelHealth:
         reached = version or self.default_version
         return bool(reached) and reached not in self.broken_versions
 
+    def untrusted_versions(self) -> frozenset[str] | None:
+        """The versions a pinned request may not be served now (as `trusts` judges a version by
+        name): empty while the model serves traffic, the broken ones while it is quarantined for
+        theirs alone, None when every version is untrusted (the whole model)."""
+        if self.state.serves_traffic:
+            return frozenset()
+        if not self.broken_versions or self.state not in (ModelState.UNHEALTHY, ModelState.FAILED):
+            return None
+        return self.broken_versions
+
     def _move(self, to: ModelState, cause: str, now: float) -> Transition | None:
         if to is self.state:
             self.cause = cause

@@ -1,5 +1,6 @@
 """What the proxy tests share: requests for the example models, the filtering config of the seeds,
-Triton's own counters, raw HTTP for limits, and a sidecar on its own thread for hypothesis."""
+Triton's own counters, raw HTTP for limits, a count of entries into the Python request chain, and a
+sidecar on its own thread for hypothesis."""
 
 from __future__ import annotations
 
@@ -87,11 +88,11 @@ def output_names(body: bytes, headers: Any) -> list[str]:
     return [o["name"] for o in json.loads(header)["outputs"]]
 
 
-def triton_successes(triton: LocalTriton, model: str) -> float:
-    """Triton's own count of successful inferences of a model (from its /metrics)."""
+def triton_successes(triton: LocalTriton, model: str, version: str = "1") -> float:
+    """Triton's own count of successful inferences of one version of a model (from its /metrics)."""
     with urllib.request.urlopen(triton.metrics_url, timeout=10) as response:
         text = response.read().decode()
-    pattern = rf'^nv_inference_request_success\{{model="{re.escape(model)}",version="1"\}} (\S+)$'
+    pattern = rf'^nv_inference_request_success\{{model="{re.escape(model)}",version="{re.escape(version)}"\}} (\S+)$'
     match = re.search(pattern, text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
 
@@ -172,3 +173,34 @@ async def served_like_production(
         yield app, registry, f"http://127.0.0.1:{listener.port}"
     finally:
         await listener.close()
+
+
+class PythonEntries:
+    """Counts entries into the Python request chain while it is open: a request's scope, a refusal
+    before one, an infer or generate (ServingCore.infer), a stream (ServingCore.stream)."""
+
+    NAMES = (("request",), ("requests", "refuse_at_once"), ("infer",), ("stream",))
+
+    def __init__(self, core: Any) -> None:
+        self.count = 0
+        self._patched: list[tuple[Any, str, Any]] = []
+        for path in self.NAMES:
+            owner = core
+            for name in path[:-1]:
+                owner = getattr(owner, name)
+            self._patched.append((owner, path[-1], getattr(owner, path[-1])))
+
+    def _counting(self, inner: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return inner(*args, **kwargs)
+        return call
+
+    def __enter__(self) -> PythonEntries:
+        for owner, name, inner in self._patched:
+            setattr(owner, name, self._counting(inner))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, inner in self._patched:
+            setattr(owner, name, inner)

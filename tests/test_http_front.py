@@ -2,9 +2,10 @@
 shared Triton: infer to a trusted model is served without entering Python's request chain, answers
 equal the Python chain's, the front's passive signals reach the health loop, and what the front does
 not serve is handed to the Python app behind it; generate and generate_stream to a trusted model are
-served by the front too, the stream relayed event by event. The listener's bounds are the same tests
-as the Python listener's: make test runs test_http_limits, test_http_listener, test_proxy,
-test_generate and test_generation again with SIDECAR_TEST_FRONT=rust."""
+served by the front too, the stream relayed event by event, and so are requests pinned to a version
+of it. The listener's bounds are the same tests as the Python listener's: make test runs
+test_http_limits, test_http_listener, test_proxy, test_generate, test_generation and test_versions
+again with SIDECAR_TEST_FRONT=rust."""
 
 from __future__ import annotations
 
@@ -23,13 +24,16 @@ from sidecar.fronts.appkeys import LIFECYCLE, SERVING
 from sidecar.fronts.http_front import FRONT_RUNTIME, HttpFront
 from sidecar.serving.lifecycle import QUIET_PERIOD_S
 from tests.harness import SLACK_S, wait_for
-from tests.proxy_support import credit_json, proxy_config, started_and_healthy, triton_successes
+from tests.proxy_support import PythonEntries, credit_json, proxy_config, started_and_healthy, triton_successes
 
 CREDIT = "/v2/models/credit_risk/infer"
 
 #: Requests the no-Python proof sends (the issue's figure), over this many connections at once.
 FAST_REQUESTS = 10_000
 CONNECTIONS = 4
+
+#: Requests to a pinned version the pinned proof sends, per kind (path, header, generate).
+PINNED_REQUESTS = 200
 
 TEXT = "text_echo"
 #: generate requests and generate_stream streams the generate proof sends; streams this many at once.
@@ -55,37 +59,6 @@ async def _answers(reader: asyncio.StreamReader, count: int) -> list[tuple[int, 
                 length = int(value)
         out.append((status, await reader.readexactly(length)))
     return out
-
-
-class PythonEntries:
-    """Counts entries into the Python request chain while it is open: a request's scope, a refusal
-    before one, an infer or generate (ServingCore.infer), a stream (ServingCore.stream)."""
-
-    NAMES = (("request",), ("requests", "refuse_at_once"), ("infer",), ("stream",))
-
-    def __init__(self, core: Any) -> None:
-        self.count = 0
-        self._patched: list[tuple[Any, str, Any]] = []
-        for path in self.NAMES:
-            owner = core
-            for name in path[:-1]:
-                owner = getattr(owner, name)
-            self._patched.append((owner, path[-1], getattr(owner, path[-1])))
-
-    def _counting(self, inner: Any) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            self.count += 1
-            return inner(*args, **kwargs)
-        return call
-
-    def __enter__(self) -> PythonEntries:
-        for owner, name, inner in self._patched:
-            setattr(owner, name, self._counting(inner))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for owner, name, inner in self._patched:
-            setattr(owner, name, inner)
 
 
 async def test_infer_to_a_trusted_model_never_enters_the_python_chain(triton, start):
@@ -129,6 +102,76 @@ async def test_infer_to_a_trusted_model_never_enters_the_python_chain(triton, st
                    what="the front's requests in /metrics")
 
 
+def _pinnable(front: HttpFront, model: str) -> set[str]:
+    """The versions of `model` a client may pin on the front now (published with its lane)."""
+    return {version for lane in front.lanes()[0] if lane[0] == model for version, *_ in lane[6]}
+
+
+def _routed_pinned(sidecar: Any, model: str, version: str) -> float:
+    return sidecar.metric("triton_sidecar_routed_total", model=model, version=version, reason="pinned") or 0.0
+
+
+async def test_infer_and_generate_pinned_to_a_trusted_version_are_served_by_the_front(triton, start):
+    sidecar = await started_and_healthy(start, _rust(proxy_config(triton, models=["credit_risk", TEXT],
+                                                                  probes={"interval_s": 3600, "jitter": 0.0})))
+    front = sidecar.server
+    assert isinstance(front, HttpFront)
+    core = sidecar.app[SERVING]
+    body = json.dumps(credit_json(rows=2, seed=7)).encode()
+    json_type = {"Content-Type": "application/json"}
+    pinned = "/v2/models/credit_risk/versions/1/infer"
+    text = f"{sidecar.url}/v2/models/{TEXT}/versions/1"
+    one = {"text_input": "alpha"}
+    words = {"text_input": " ".join(f"w{i}" for i in range(STREAM_WORDS)), "max_tokens": STREAM_WORDS}
+    # The Python chain's own answers (a query string is left to it). Its first request to a version
+    # fetches that version's spec, which is published to the front at once.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        async with session.post(sidecar.url + pinned + "?via=python", data=body, headers=json_type) as r:
+            python_answer = (r.status, await r.read())
+        async with session.post(text + "/generate?via=python", json=one) as r:
+            python_generate = (r.status, r.headers["Content-Type"], await r.read())
+        python_stream = await _stream(session, text + "/generate_stream?via=python", words)
+    assert python_answer[0] == 200 and b"income_prob" not in python_answer[1]
+    assert python_generate[0] == 200 and json.loads(python_generate[2])["text_output"] == "alpha"
+    assert python_stream[0] == 200 and len(python_stream[2]) == STREAM_WORDS
+    await wait_for(lambda: _pinnable(front, "credit_risk") == {"1"} and _pinnable(front, TEXT) == {"1"}, 5,
+                   what="version 1 of credit_risk and text_echo pinnable on the front")
+    routed = _routed_pinned(sidecar, "credit_risk", "1"), _routed_pinned(sidecar, TEXT, "1")
+    before_fast, before_handed = front.fast_requests, front.handovers
+    before_triton = triton_successes(triton, "credit_risk")
+
+    async def infer(session: aiohttp.ClientSession, path: str, headers: dict[str, str]) -> tuple[int, bytes]:
+        async with session.post(sidecar.url + path, data=body, headers={**json_type, **headers}) as r:
+            return r.status, await r.read()
+
+    async def generate(session: aiohttp.ClientSession) -> tuple[int, str, bytes]:
+        async with session.post(text + "/generate", json=one) as r:
+            return r.status, r.headers["Content-Type"], await r.read()
+
+    with PythonEntries(core) as python:
+        async with aiohttp.ClientSession() as session:
+            by_path = await asyncio.gather(*(infer(session, pinned, {}) for _ in range(PINNED_REQUESTS)))
+            by_header = await asyncio.gather(*(infer(session, CREDIT, {"x-model-version": " 1 "})
+                                               for _ in range(PINNED_REQUESTS)))
+            generates = await asyncio.gather(*(generate(session) for _ in range(PINNED_REQUESTS)))
+            streams = await asyncio.gather(*(_stream(session, text + "/generate_stream", words)
+                                             for _ in range(STREAMS_AT_ONCE)))
+    assert python.count == 0
+    assert front.fast_requests - before_fast == 3 * PINNED_REQUESTS + STREAMS_AT_ONCE
+    assert front.handovers == before_handed
+    assert set(by_path) == set(by_header) == {python_answer}
+    assert set(generates) == {python_generate}
+    for status, content_type, events in streams:
+        assert (status, content_type) == python_stream[:2]
+        assert [event for _, event in events] == [event for _, event in python_stream[2]]
+    # Triton answered them as version 1 (the URL the front sent names it)...
+    assert triton_successes(triton, "credit_risk", "1") - before_triton == 2 * PINNED_REQUESTS
+    # ... and routed_total counts infer and generate as pinned, as the Python chain does (a stream
+    # is not routed).
+    assert _routed_pinned(sidecar, "credit_risk", "1") - routed[0] == 2 * PINNED_REQUESTS
+    assert _routed_pinned(sidecar, TEXT, "1") - routed[1] == PINNED_REQUESTS
+
+
 async def test_what_the_front_does_not_serve_is_answered_by_the_python_app_behind_it(triton, start):
     sidecar = await started_and_healthy(start, _rust(proxy_config(triton)))
     front = sidecar.server
@@ -138,7 +181,7 @@ async def test_what_the_front_does_not_serve_is_answered_by_the_python_app_behin
             ("GET", "/readyz", None, 200),
             ("GET", "/v2/models/credit_risk", None, 200),
             ("POST", "/v2/repository/models/credit_risk/unload", b"{}", 403),
-            ("POST", "/v2/models/credit_risk/versions/1/infer", body, 200),  # a pinned version: routing
+            ("POST", "/v2/models/credit_risk/versions/7/infer", body, 404),  # a version Triton has not loaded
             ("POST", "/v2/models/no_such_model/infer", body, 404)):
         # A connection each: a handed-over connection stays with the Python app until it closes.
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session, \

@@ -1,9 +1,13 @@
 """Versions side by side: golden files name a version, each loaded version with cases is probed,
 and a broken version is quarantined for the requests that reach it (explicitly, or unversioned
-ones Triton routes to it) while the other version keeps answering; a heal reloads the model."""
+ones Triton routes to it) while the other version keeps answering; a heal reloads the model.
+A pinned version (path `/versions/N`, header `x-model-version`) is answered by that version and
+counted as pinned; on the Rust front (SIDECAR_TEST_FRONT=rust) without entering Python once its
+spec is fetched, with the same refusals."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -18,9 +22,11 @@ import pytest
 
 from bench.repository import credit_risk_scores
 from sidecar.devtools.tritonserver import LocalTriton, stub_pids
+from sidecar.fronts.appkeys import SERVING, STATES
+from sidecar.fronts.http_front import HttpFront
 from sidecar.states import ModelState
-from tests.harness import FAULTY_TEMPLATE, GOLDEN, looked_after, sidecar_config, triton_post, wait_for
-from tests.proxy_support import credit_json, features
+from tests.harness import FAULTY_TEMPLATE, GOLDEN, SLACK_S, looked_after, sidecar_config, triton_post, wait_for
+from tests.proxy_support import PythonEntries, credit_json, features, triton_successes
 
 _names = iter(range(1_000_000))
 
@@ -62,9 +68,12 @@ def two_versions(triton: LocalTriton, tmp_path: Path) -> Iterator[TwoVersions]:
     triton_post(triton, f"/v2/repository/models/{name}/unload")
 
 
-async def _scores(sidecar, model: str, version: str = ""):  # type: ignore[no-untyped-def]
+async def _scores(sidecar, model: str, version: str = "", header: str = ""):  # type: ignore[no-untyped-def]
+    """(200, scores) or (status, refusal) of one infer; `header`: x-model-version's value."""
     path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
-    async with sidecar.session.post(sidecar.url + path, json=credit_json(rows=2, seed=3)) as response:
+    headers = {"x-model-version": header} if header else {}
+    async with sidecar.session.post(sidecar.url + path, json=credit_json(rows=2, seed=3),
+                                    headers=headers) as response:
         body = await response.json()
     if response.status != 200:
         return response.status, body
@@ -79,6 +88,7 @@ async def test_a_broken_version_is_quarantined_while_the_other_keeps_answering(t
                                          healing={"enabled": False}, proxy={"version_fallback": False}))
     await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what="HEALTHY")
     expected = credit_risk_scores(features(rows=2, seed=3)).ravel()
+    await _pins_served(sidecar, model)  # on the Rust front: both versions its own before the fault
     two_versions.inject("2", "nan")
     await wait_for(lambda: sidecar.state(model) is ModelState.UNHEALTHY, 20, what="UNHEALTHY")
     _, status = await sidecar.get("/status")
@@ -128,3 +138,102 @@ async def test_each_version_with_golden_cases_of_its_own_counts_its_own_requests
     status, answer = await _scores(sidecar, model, "1")
     assert status == 200, answer
     await wait_for(lambda: traffic_rounds() == 1, 2, interval=0.005, what="a round paced by version 1's traffic")
+
+
+def _pinnable(sidecar, model: str) -> set[str]:  # type: ignore[no-untyped-def]
+    """The versions of `model` the Rust front serves pinned on its own now (none on the Python front)."""
+    front = sidecar.server
+    if not isinstance(front, HttpFront):
+        return set()
+    return {version for lane in front.lanes()[0] if lane[0] == model for version, *_ in lane[6]}
+
+
+async def _pins_served(sidecar, model: str) -> None:  # type: ignore[no-untyped-def]
+    """One request pinned to each version (the Python chain fetches its spec), then, on the Rust
+    front, wait until both versions are published to it."""
+    for version in ("1", "2"):
+        status, answer = await _scores(sidecar, model, version)
+        assert status == 200, (version, answer)
+    if isinstance(sidecar.server, HttpFront):
+        await wait_for(lambda: _pinnable(sidecar, model) == {"1", "2"}, 5, what="versions 1 and 2 on the front")
+
+
+def _routed_pinned(sidecar, model: str, version: str) -> float:  # type: ignore[no-untyped-def]
+    return sidecar.metric("triton_sidecar_routed_total", model=model, version=version, reason="pinned") or 0.0
+
+
+#: Requests per kind of pin in the pinned proof (path to 1, path to 2, header naming 1).
+PINNED = 20
+
+
+async def test_a_pinned_version_answers_from_that_version_and_is_counted_as_pinned(two_versions, start):
+    model, triton = two_versions.name, two_versions.triton
+    sidecar = await start(sidecar_config(triton, models=[model], golden_dir=two_versions.golden_dir,
+                                         probes={"interval_s": 3600.0, "jitter": 0.0}))
+    await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what="HEALTHY")
+    expected = credit_risk_scores(features(rows=2, seed=3)).ravel()
+    await _pins_served(sidecar, model)
+    on_front = isinstance(sidecar.server, HttpFront)
+    answered = {v: triton_successes(triton, model, v) for v in ("1", "2")}
+    routed = {v: _routed_pinned(sidecar, model, v) for v in ("1", "2")}
+    with PythonEntries(sidecar.app[SERVING]) as python:
+        for _ in range(PINNED):
+            for version, header in (("1", ""), ("2", ""), ("", "1")):
+                status, scores = await _scores(sidecar, model, version, header)
+                assert status == 200 and np.allclose(scores, expected, atol=1e-5), (version, header, scores)
+    # Each reached the version it named (Triton's own count per version: the URL names it)...
+    assert triton_successes(triton, model, "1") - answered["1"] == 2 * PINNED
+    assert triton_successes(triton, model, "2") - answered["2"] == PINNED
+    # ... counted as pinned, whichever front served it ...
+    assert _routed_pinned(sidecar, model, "1") - routed["1"] == 2 * PINNED
+    assert _routed_pinned(sidecar, model, "2") - routed["2"] == PINNED
+    # ... and on the Rust front none of them entered Python (on the Python front each did).
+    assert python.count == 0 if on_front else python.count >= 3 * PINNED, python.count
+    # Refused as before, by the Python chain on either front: a version Triton has not loaded
+    # (routed as "other", a bounded label), one that is not a number, path and header disagreeing.
+    status, body = await _scores(sidecar, model, "7")
+    assert (status, body["reason"]) == (404, "unknown_model"), body
+    assert _routed_pinned(sidecar, model, "other") == 1
+    status, body = await _scores(sidecar, model, "x")
+    assert (status, body["reason"]) == (404, "unknown_model") and "versions are numbers" in body["error"], body
+    status, body = await _scores(sidecar, model, "1", header="2")
+    assert (status, body["reason"], body["field"]) == (400, "schema", "x-model-version"), body
+
+
+async def test_requests_at_triton_for_a_version_quarantined_alone_end_while_the_other_version_s_finish(
+        two_versions, start):
+    """Version 2 hangs, version 1 is slow (0.2 s a call); with requests pinned to each waiting at
+    Triton, version 2 alone is quarantined: its requests end at once with 503, version 1's are
+    answered. On the Rust front every one of them is the front's, ended by it."""
+    model = two_versions.name
+    # No probe rounds after the first: the quarantine below is the test's, confined to version 2.
+    sidecar = await start(sidecar_config(two_versions.triton, models=[model], golden_dir=two_versions.golden_dir,
+                                         healing={"enabled": False}, probes={"interval_s": 3600.0, "jitter": 0.0},
+                                         proxy={"upstream_timeout_s": 30.0, "retry_after_s": 1}))
+    await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what="HEALTHY")
+    await _pins_served(sidecar, model)
+    two_versions.inject("2", "hang")
+    two_versions.inject("1", "slow_drift")
+
+    async def timed(version: str) -> tuple[float, int, object]:
+        status, answer = await _scores(sidecar, model, version)
+        return time.monotonic(), status, answer
+
+    with PythonEntries(sidecar.app[SERVING]) as python:
+        hung = [asyncio.create_task(timed("2")) for _ in range(3)]
+        slow = [asyncio.create_task(timed("1")) for _ in range(10)]  # one at a time at Triton: 2 s in all
+        await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_in_flight", model=model) == 13, 5,
+                       what="13 requests waiting at Triton")
+        broken = sidecar.app[STATES].apply(model, lambda health, now: health.probe_failed(
+            "golden case v2_boundary: no answer", now, final=True, versions=frozenset({"2"})))
+        assert broken is not None and sidecar.app[SERVING].admission.trusted(model, "1")
+        ended, answered = await asyncio.gather(*hung), await asyncio.gather(*slow)
+    for finished, status, body in ended:
+        assert (status, body["reason"]) == (503, "quarantined") and "version 2" in body["error"], body
+        assert finished - broken.at <= 1.0 + SLACK_S, f"answered {finished - broken.at:.2f} s after quarantine"
+    assert [status for _, status, _ in answered] == [200] * len(slow)
+    assert max(finished for finished, _, _ in answered) > broken.at  # some were still at Triton then
+    assert sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="ended_at_triton") == 3
+    # On the Rust front the thirteen were its own, ended or answered by it; on the Python front each
+    # entered the Python chain.
+    assert python.count == 0 if isinstance(sidecar.server, HttpFront) else python.count >= 13, python.count

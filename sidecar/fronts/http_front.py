@@ -4,12 +4,14 @@ The Rust front owns the socket. It reads every request head itself and enforces 
 bounds (header and keep-alive timeouts, URL and header sizes, smuggling refused, 413 with lingering
 close, 408 for a slow body, 100-continue, listen.max_connections), and it serves
 `POST /v2/models/{m}/infer`, `/generate` and `/generate_stream` (relayed event by event) to a model
-published to it as a *lane* without entering Python: validation (the generate body check with the
-model's GenerateLimits), breaker, Triton, screening and counters all run on its runtime thread(s).
-Everything else (kubelet endpoints, /metrics, metadata, a pinned version, a rollout, a model on hold
-or quarantined, a per-model rule file, a drift reference) is handed, with the very bytes the client
-sent, to the Python listener (sidecar.fronts.http_listener) on a loopback port behind it, which
-answers exactly as before.
+published to it as a *lane* without entering Python, and the same to a version of it a client pins
+(`/versions/{v}/...`, `x-model-version` on infer) once that version's spec is fetched: validation
+(the generate body check with the model's GenerateLimits), breaker, Triton, screening and counters
+all run on its runtime thread(s). Everything else (kubelet endpoints, /metrics, metadata, a version
+whose spec is not fetched yet or that is not loaded, a rollout, a model on hold or quarantined, a
+per-model rule file, a drift reference) is handed, with the very bytes the client sent, to the
+Python listener (sidecar.fronts.http_listener) on a loopback port behind it, which answers exactly
+as before.
 
 With `tls.cert_file` set the front terminates TLS itself (rustls, dataplane/src/front/tls.rs): the
 PEM bytes ServerTls loaded and checked are handed down at start and at every rotation its watch
@@ -64,12 +66,16 @@ TICK_S = 0.05
 #: sidecar wakes once a second instead of twenty times (issue 30's idle bound).
 IDLE_TICK_S = 1.0
 
-#: (model, its RequestSpec, hidden outputs or None, look for NaN/Inf, its native GenerateLimits,
-#: generation.idle_timeout_s) as the front takes a lane.
-Lane = tuple[str, Any, list[str] | None, bool, Any, float]
+#: (version, its RequestSpec, its hidden outputs or None): a loaded version a client may pin.
+PinnedVersion = tuple[str, Any, list[str] | None]
 
-#: (model, status, JSON body, Retry-After, reason label, the same refusal as a stream's error event).
-Ended = tuple[str, int, bytes, int | None, str, bytes]
+#: (model, its RequestSpec, hidden outputs or None, look for NaN/Inf, its native GenerateLimits,
+#: generation.idle_timeout_s, its pinnable versions) as the front takes a lane.
+Lane = tuple[str, Any, list[str] | None, bool, Any, float, list[PinnedVersion]]
+
+#: (model, status, JSON body, Retry-After, reason label, the same refusal as a stream's error event,
+#: the versions whose requests at Triton it ends ("" = unversioned ones) or None for every version).
+Ended = tuple[str, int, bytes, int | None, str, bytes, list[str] | None]
 
 #: (path, status, JSON body or b"", Retry-After, reason label or ""): an answer that depends only on
 #: the health loop's state (/v2/health/live, /v2/health/ready), served by the front as published.
@@ -146,6 +152,7 @@ class HttpFront:
         states.add_listener(self._on_transition)
         states.add_suspect_listener(self._on_suspect)
         self.core.add_change_listener(self.publish)
+        self.core.specs.add_cached_listener(lambda _model, _version: self.publish())
         self._tick = asyncio.create_task(self._run_tick(), name="http-front-tick")
         self._wake = socket.socket(fileno=self._native.wake_fd())
         self._wake.setblocking(False)
@@ -226,8 +233,9 @@ class HttpFront:
         self.publish()
 
     def lanes(self) -> tuple[list[Lane], list[Ended]]:
-        """The models the front may serve on its own now, and the refusals owed to the requests at
-        Triton (and the open streams) of models that are not trusted."""
+        """The models the front may serve on its own now (with the versions a client may pin), and the
+        refusals owed to the requests at Triton (and the open streams) of models that are not
+        trusted, for the versions they are not."""
         core = self.core
         states: ModelStates = self.app[STATES]
         idle_s = core.config.generation.idle_timeout_s
@@ -237,10 +245,17 @@ class HttpFront:
             health = states.get(model)
             if health is None:
                 continue
-            if not health.trusts(""):
+            untrusted = health.untrusted_versions()
+            if untrusted != frozenset():
+                # Not serving: a request at Triton for a version it no longer trusts ends (unversioned
+                # ones reach Triton's choice: Admission._end_waiting), and every open stream does
+                # (Admission.until_untrusted).
                 refusal = core.admission.quarantine_refusal(model)
+                unversioned = set() if health.trusts("") else {""}
+                versions = None if untrusted is None else sorted(untrusted | unversioned)
                 ended.append((model, refusal.status, json.dumps(refusal.body()).encode(), refusal.retry_after,
-                              refusal.reason.value, error_event(refusal)))
+                              refusal.reason.value, error_event(refusal), versions))
+            if not health.trusts(""):
                 continue
             if health.suspect or health.broken_versions or core.rollouts.get(model) is not None:
                 continue  # a hold, a fallback or a rollout: the Python chain routes these
@@ -259,8 +274,28 @@ class HttpFront:
                     continue  # outputs undeclared: only the Python filter can judge them by name
                 hidden = sorted(o for o in spec.outputs if policy.is_hidden(o))
             limits = core.generate_limits(model).native
-            lanes.append((model, spec.native, hidden, policy.check_non_finite, limits, idle_s))
+            lanes.append((model, spec.native, hidden, policy.check_non_finite, limits, idle_s,
+                          self._pinnable(model, health.loaded_versions)))
         return lanes, ended
+
+    def _pinnable(self, model: str, loaded: tuple[str, ...]) -> list[PinnedVersion]:
+        """A lane's versions a client may pin on the front: loaded (routed_total names them; another
+        is counted as "other" by the Python chain) and their spec fetched (by the Python chain, on
+        the first request that pins one), screened as the model is. A lane's model serves traffic,
+        so each is trusted."""
+        core = self.core
+        policy = core.policy(model)
+        pinnable: list[PinnedVersion] = []
+        for version, spec in sorted(core.specs.cached_versions(model).items()):
+            if version not in loaded or not version.isdigit() or spec.rules is not None:
+                continue
+            hidden: list[str] | None = None
+            if policy.is_hidden is not None:
+                if not spec.outputs:
+                    continue  # outputs undeclared: only the Python filter can judge them by name
+                hidden = sorted(o for o in spec.outputs if policy.is_hidden(o))
+            pinnable.append((version, spec.native, hidden))
+        return pinnable
 
     def _warm(self, model: str) -> None:
         if model in self._warming or self._tick is None:
@@ -290,8 +325,9 @@ class HttpFront:
             return
         lanes, ended = self.lanes()
         health = self.health()
-        key = (tuple((m, id(s), tuple(h) if h is not None else None, c, id(g), i) for m, s, h, c, g, i in lanes),
-               tuple((m, s, b) for m, s, b, *_ in ended), tuple(health))
+        key = (tuple((m, id(s), _names(h), c, id(g), i, tuple((v, id(vs), _names(vh)) for v, vs, vh in p))
+                     for m, s, h, c, g, i, p in lanes),
+               tuple((m, s, b, _names(v)) for m, s, b, *_, v in ended), tuple(health))
         if key == self._published and not force:
             return
         self._native.publish(lanes, ended, health)
@@ -408,6 +444,11 @@ def _canned(path: str, refusal: Refusal | None) -> Canned:
     if refusal is None:
         return path, 200, b"", None, ""
     return path, refusal.status, json.dumps(refusal.body()).encode(), refusal.retry_after, refusal.reason.value
+
+
+def _names(names: list[str] | None) -> tuple[str, ...] | None:
+    """A published list as part of the key `publish` compares (None stays None: it means "all")."""
+    return tuple(names) if names is not None else None
 
 
 def _tls_material(tls: ServerTls, material: TlsMaterial) -> tuple[bytes, bytes, bytes | None, list[str], str]:

@@ -22,6 +22,9 @@ from sidecar.states import ModelState, ModelStates, Transition
 #: Raises UpstreamFailure when Triton gives no answer.
 FetchDocument = Callable[[str, str, str], Awaitable[tuple[int, bytes]]]
 
+#: Told (model, version) when a spec is fetched and cached ("" = the unversioned one).
+CachedListener = Callable[[str, str], None]
+
 
 class SpecCache:
     def __init__(self, *, fetch: FetchDocument, states: ModelStates, limits: Limits, output_filter: OutputFilter,
@@ -35,7 +38,13 @@ class SpecCache:
         self._fetching: dict[tuple[str, str], asyncio.Task[ModelSpec]] = {}
         #: Bumped when a model is reloaded: a fetch begun before the reload is not cached.
         self._generation: collections.Counter[str] = collections.Counter()
+        self._cached_listeners: list[CachedListener] = []
         states.add_listener(self._on_transition)
+
+    def add_cached_listener(self, listener: CachedListener) -> None:
+        """Hear of each spec as it is cached: the Rust front publishes it at once, so the next
+        request to that version is the front's (it never fetches a spec itself)."""
+        self._cached_listeners.append(listener)
 
     def _on_transition(self, t: Transition) -> None:
         if t.state_to is ModelState.HEALING or (t.state_to.serves_traffic and not t.state_from.serves_traffic):
@@ -55,6 +64,10 @@ class SpecCache:
     def cached(self, model: str, version: str) -> ModelSpec | None:
         """The spec if it was fetched already (the Rust front's lanes need one; they never fetch)."""
         return self._specs.get((model, version))
+
+    def cached_versions(self, model: str) -> dict[str, ModelSpec]:
+        """The specs fetched for versions of the model named by number (pinned requests), by version."""
+        return {version: spec for (name, version), spec in self._specs.items() if name == model and version}
 
     async def get(self, model: str, version: str) -> ModelSpec:
         """The spec, fetched once; concurrent requests share one fetch."""
@@ -78,6 +91,8 @@ class SpecCache:
                                 is_hidden=self._filter.for_model(model), rules=self._rules.get(model))
         if self._generation[model] == generation:
             self._specs[(model, version)] = spec
+            for listener in self._cached_listeners:
+                listener(model, version)
         return spec
 
     async def _document(self, model: str, version: str, what: str, *, optional: bool = False) -> dict[str, Any]:

@@ -54,6 +54,17 @@ impl Head {
     }
 }
 
+/// A request the lane serves, as `lane_for` found it in the head.
+struct LaneRequest {
+    model: String,
+    /// The pinned version, "" for none.
+    version: String,
+    /// The model's lane, or the pinned version's.
+    lane: Arc<super::state::Lane>,
+    header_length: Option<i64>,
+    endpoint: Endpoint,
+}
+
 /// What follows a refusal given before the whole request was read.
 enum Drain {
     /// The rest cannot be framed any more: bytes are only counted until the client is done.
@@ -189,7 +200,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             self.hand_over().await;
             return false;
         };
-        let (model, lane, header_length, endpoint) = infer;
+        let LaneRequest { model, version, lane, header_length, endpoint } = infer;
         let settings = &self.shared.settings;
         let limit = settings.max_body_bytes;
         let chunked = head.get("transfer-encoding").is_some();
@@ -265,6 +276,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         let request_id = request_id(head.get("x-request-id"));
         let infer = Infer {
             model,
+            version,
             lane,
             trace_id: trace_id(head.get("traceparent")),
             traceparent: head.get("traceparent").map(str::to_owned),
@@ -381,19 +393,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         false
     }
 
-    /// The model, its lane, the binary header length and the endpoint when the lane serves this
-    /// request (infer, generate, generate_stream).
-    fn lane_for(&self, head: &Head) -> Option<(String, Arc<super::state::Lane>, Option<i64>, Endpoint)> {
+    /// What the lane needs of this request when it serves it (infer, generate, generate_stream, to
+    /// the model or to a version of it the client pinned); None sends it to the Python chain.
+    fn lane_for(&self, head: &Head) -> Option<LaneRequest> {
         if head.method != "POST" || head.version != 1 || head.get("upgrade").is_some() {
             return None;
         }
-        let (model, endpoint) = Endpoint::split(head.path.strip_prefix("/v2/models/")?)?;
-        if model.is_empty() || model.contains(['/', '?', '#', '%']) {
-            return None; // a version in the path (routing), or a name to decode: the Python chain's
+        let (named, endpoint) = Endpoint::split(head.path.strip_prefix("/v2/models/")?)?;
+        let (model, path_version) = match named.split_once("/versions/") {
+            Some((_, "")) => return None, // `/versions//`: no route has it (the Python chain's 404)
+            Some(split) => split,
+            None => (named, ""),
+        };
+        if model.is_empty() || model.contains(['/', '?', '#', '%']) || path_version.contains(['/', '?', '#', '%']) {
+            return None; // a name to decode, or a path no route has: the Python chain's
         }
-        if head.get("x-model-version").is_some() {
+        // The pin as http_routes.infer reads it (routing.pinned_version): the path's version or the
+        // header's, stripped (of ASCII whitespace only: what else Python strips is not a digit, so
+        // such a pin matches no version and goes to Python); generate reads no header. Both naming
+        // different versions is the Python chain's 400.
+        let header = match endpoint {
+            Endpoint::Infer => {
+                head.get("x-model-version").map(|v| v.trim_matches(|c: char| c.is_ascii_whitespace())).unwrap_or("")
+            }
+            _ => "",
+        };
+        if !header.is_empty() && !path_version.is_empty() && header != path_version {
             return None;
         }
+        let version = if path_version.is_empty() { header } else { path_version };
         let encoding = head.get("content-encoding").unwrap_or("").trim().to_ascii_lowercase();
         if !(encoding.is_empty() || encoding == "identity") {
             return None;
@@ -408,7 +436,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             _ => None,
         };
         let lane = self.shared.state.load().lanes.get(model)?.clone();
-        Some((model.to_owned(), lane, header_length, endpoint))
+        // A pinned version only when it is loaded and its spec published (then every check of the
+        // Python chain passes: a lane's versions are all trusted); any other goes to the Python
+        // chain, which fetches its spec (published for the next request) or refuses it.
+        let lane = if version.is_empty() { lane } else { lane.versions.get(version)?.clone() };
+        Some(LaneRequest { model: model.to_owned(), version: version.to_owned(), lane, header_length, endpoint })
     }
 
     /// The published answer to this request when it is a GET of a health endpoint with no body, and

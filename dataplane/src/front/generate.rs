@@ -19,7 +19,7 @@ use super::Shared;
 /// What Triton says when `generate` (one answer) meets a model that sent several responses.
 const SEVERAL_RESPONSES: &str = "exactly 1 response";
 
-/// The lane endpoints of a model: `POST /v2/models/{m}/<endpoint>`.
+/// The lane endpoints of a model: `POST /v2/models/{m}[/versions/{v}]/<endpoint>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
     Infer,
@@ -117,6 +117,7 @@ pub(super) fn non_finite_message(model: &str, outputs: &[String]) -> String {
 async fn answer(shared: &Shared, request: &Infer) -> Reply {
     let model = request.model.as_str();
     let lane = &request.lane;
+    lane::routed(shared, request);
     if let Err(refused) = check_generate_request(&lane.spec, &lane.generate, &request.body) {
         return body_refusal(shared, model, &refused);
     }
@@ -125,7 +126,7 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
         Err(refused) => return refused,
     };
     let _at_triton = AtTriton::new(shared, model);
-    let path = format!("/v2/models/{model}/generate");
+    let path = lane::triton_path(model, &request.version, "generate");
     let headers = upstream_headers(request);
     // A quarantine that begins while the request is at Triton ends it at once, as for infer.
     let mut published = shared.published.subscribe();
@@ -138,7 +139,7 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
                 if changed.is_err() {
                     continue;
                 }
-                if let Some(reply) = ended_at_triton(shared, model) {
+                if let Some(reply) = ended_at_triton(shared, model, &request.version) {
                     drop(permit);
                     return reply;
                 }

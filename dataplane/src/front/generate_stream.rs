@@ -196,7 +196,8 @@ async fn run(shared: Arc<Shared>, request: Infer, tx: mpsc::Sender<Out>) {
     let open = Open::new(shared, model);
     // Subscribed before Triton is called: a quarantine published meanwhile is not missed.
     let mut published = shared.published.subscribe();
-    let path = format!("/v2/models/{model}/generate_stream");
+    // A pinned stream is not routed (no routed_total), as the Python chain's streams are not.
+    let path = lane::triton_path(model, &request.version, "generate_stream");
     let headers = upstream_headers(&request);
     let mut upstream = match shared.upstream.stream(&path, &headers, request.body.clone()).await {
         Ok(upstream) => upstream,
@@ -339,7 +340,8 @@ fn signal_failed(shared: &Shared, model: &str, kind: &'static str, status: u16, 
     shared.events.push(Event::Failed { model: model.to_owned(), kind, status, detail });
 }
 
-/// The model stopped being trusted: the stream ends with the refusal Python published for it.
+/// The model stopped being trusted: the stream ends with the refusal Python published for it,
+/// whatever version it reaches (the Python chain's stream ends as soon as its model stops serving).
 fn quarantined(shared: &Shared, model: &str) -> Option<Ending> {
     let snapshot = shared.state.load();
     let ended = snapshot.ended.get(model)?;

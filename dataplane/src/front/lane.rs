@@ -21,6 +21,9 @@ use super::Shared;
 /// One request the connection read in full.
 pub struct Infer {
     pub model: String,
+    /// The version the client pinned (path or `x-model-version`), "" for none: Triton picks.
+    pub version: String,
+    /// The model's lane, or the pinned version's (its spec and hidden outputs).
     pub lane: Arc<Lane>,
     pub request_id: String,
     pub trace_id: String,
@@ -79,6 +82,7 @@ pub(super) fn sample(rate: f64) -> bool {
 async fn answer(shared: &Shared, request: &Infer) -> Reply {
     let model = request.model.as_str();
     let lane = &request.lane;
+    routed(shared, request);
     let hidden = |name: &str| lane.is_hidden(name);
     if let Err(refused) = validate_infer_request(&lane.spec, &request.body, request.header_length, &hidden) {
         let extra = if refused.input.is_empty() { vec![] } else { vec![("input", json_value(&refused.input))] };
@@ -94,7 +98,7 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
         Err(refused) => return refused,
     };
     let _at_triton = AtTriton::new(shared, model);
-    let path = format!("/v2/models/{model}/infer");
+    let path = triton_path(model, &request.version, "infer");
     let content_type = if request.header_length.is_some() { "application/octet-stream" } else { "application/json" };
     let header_length = request.header_length.map(|h| h.to_string());
     let mut headers: Vec<(&str, &str)> = vec![
@@ -123,7 +127,7 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
                 if changed.is_err() {
                     continue;
                 }
-                if let Some(reply) = ended_at_triton(shared, model) {
+                if let Some(reply) = ended_at_triton(shared, model, &request.version) {
                     drop(permit);
                     return reply;
                 }
@@ -187,11 +191,31 @@ impl Drop for Queued<'_> {
     }
 }
 
-/// The refusal Python published for a model that stopped being trusted while a request waited at
-/// Triton (admission.py's _end_waiting), counted up as ended at Triton; None while it is trusted.
-pub(super) fn ended_at_triton(shared: &Shared, model: &str) -> Option<Reply> {
+/// Triton's path for a call to `version` of a lane's model ("" = unversioned: Triton picks), as
+/// http_routes.model_path writes it (a lane's name needs no quoting: `lane_for` takes none that would).
+pub(super) fn triton_path(model: &str, version: &str, endpoint: &str) -> String {
+    if version.is_empty() {
+        format!("/v2/models/{model}/{endpoint}")
+    } else {
+        format!("/v2/models/{model}/versions/{version}/{endpoint}")
+    }
+}
+
+/// A pinned request counted in routed_total{reason="pinned"} before its body is checked, as
+/// ServingCore.infer counts its route (infer and generate; a stream is not routed). Only loaded
+/// versions are published, so the version is its own label (never "other").
+pub(super) fn routed(shared: &Shared, request: &Infer) {
+    if !request.version.is_empty() {
+        shared.metrics.routed.inc(&[request.model.as_str(), request.version.as_str(), "pinned"]);
+    }
+}
+
+/// The refusal Python published for a model that stopped being trusted, for the version a request
+/// reaches, while it waited at Triton (admission.py's _end_waiting), counted up as ended at Triton;
+/// None while that version is trusted.
+pub(super) fn ended_at_triton(shared: &Shared, model: &str, version: &str) -> Option<Reply> {
     let snapshot = shared.state.load();
-    let ended = snapshot.ended.get(model)?;
+    let ended = snapshot.ended.get(model).filter(|ended| ended.ends(version))?;
     shared.events.push(Event::Ended { model: model.to_owned(), count: 1 });
     Some(Reply {
         status: ended.status,
@@ -383,4 +407,16 @@ fn screen(shared: &Shared, request: &Infer, answer: Answer) -> Reply {
         None => answer.body,
     };
     Reply { status: 200, content_type, header_length, retry_after: None, body, reason: "" }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::triton_path;
+
+    #[test]
+    fn a_pinned_request_goes_to_its_version_and_an_unpinned_one_to_triton_s_choice() {
+        assert_eq!(triton_path("credit_risk", "", "infer"), "/v2/models/credit_risk/infer");
+        assert_eq!(triton_path("credit_risk", "2", "infer"), "/v2/models/credit_risk/versions/2/infer");
+        assert_eq!(triton_path("m", "1", "generate_stream"), "/v2/models/m/versions/1/generate_stream");
+    }
 }

@@ -3,10 +3,11 @@
 //! One tokio runtime on its own threads (`listen.workers`) accepts the client connections, reads
 //! every request head itself (`connection`), enforces the listener's bounds with the sidecar's JSON
 //! refusals, and serves a unary infer to a model the control plane marked as fit for it (`lane`:
-//! validation, breaker, Triton, screening, counters) without entering Python. Whatever the lane does
-//! not serve yet (metadata, health, the control API refused, a pinned version, a rollout, a model on
-//! hold...) is handed, with the very bytes the client sent, to the Python app listening on a
-//! loopback port behind it, which answers it exactly as before.
+//! validation, breaker, Triton, screening, counters) without entering Python, to it or to a version
+//! of it a client pinned. Whatever the lane does not serve yet (metadata, health, the control API
+//! refused, a version whose spec is not fetched yet, a rollout, a model on hold...) is handed, with
+//! the very bytes the client sent, to the Python app listening on a loopback port behind it, which
+//! answers it exactly as before.
 //!
 //! State comes down as snapshots (`state`, swapped atomically, read without a lock); what the health
 //! loop must hear goes up as events (`events`, drained by Python in batches). With tls.cert_file set,

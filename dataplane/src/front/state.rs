@@ -12,7 +12,7 @@ use tokio::sync::Semaphore;
 use crate::serving::generation::GenerateLimits;
 use crate::serving::validation::RequestSpec;
 
-/// One model the lane serves on its own: trusted, not suspect, no rollout, pin, rule file or drift
+/// One model the lane serves on its own: trusted, not suspect, no rollout, rule file or drift
 /// reference (those still go to the Python chain).
 pub struct Lane {
     pub spec: RequestSpec,
@@ -27,6 +27,11 @@ pub struct Lane {
     /// generation.idle_timeout_s: the longest silence between two events of a stream once its
     /// first event came (before it, proxy.upstream_timeout_s).
     pub stream_idle: Duration,
+    /// The loaded versions a request may pin (path `/versions/N`, header `x-model-version`) whose
+    /// spec Python has fetched, each served as the model is, with its own spec and hidden outputs
+    /// (the breaker and limits are the model's). A version not here goes to the Python chain,
+    /// which fetches its spec or refuses it.
+    pub versions: HashMap<String, std::sync::Arc<Lane>>,
 }
 
 impl Lane {
@@ -47,6 +52,18 @@ pub struct Ended {
     pub reason: String,
     /// The same refusal as a stream's last event (sidecar.serving.generation.error_event).
     pub event: Bytes,
+    /// The versions whose requests at Triton it ends ("" = unversioned requests, which reach the
+    /// version Triton picks); None = every version (the whole model is untrusted). A model
+    /// quarantined for one version's failures keeps serving the others (ModelHealth.trusts).
+    pub versions: Option<HashSet<String>>,
+}
+
+impl Ended {
+    /// Does it end a unary request to `version` ("" = unversioned)? A stream ends on any entry, as
+    /// the Python chain's stream ends as soon as its model stops serving (Admission.until_untrusted).
+    pub fn ends(&self, version: &str) -> bool {
+        self.versions.as_ref().is_none_or(|versions| versions.contains(version))
+    }
 }
 
 /// An answer that depends only on the health loop's state (`/v2/health/live`, `/v2/health/ready`):
@@ -82,5 +99,35 @@ impl Breaker {
 
     pub fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended(versions: Option<&[&str]>) -> Ended {
+        Ended {
+            status: 503,
+            body: Bytes::new(),
+            retry_after: Some(5),
+            reason: "quarantined".to_owned(),
+            event: Bytes::new(),
+            versions: versions.map(|v| v.iter().map(|s| s.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn a_whole_model_quarantine_ends_every_version_and_a_version_s_only_its_own() {
+        let whole = ended(None);
+        assert!(whole.ends("") && whole.ends("1") && whole.ends("2"));
+        // Version 2 broken, and Triton's choice for unversioned requests: those end, 1 goes on.
+        let two = ended(Some(&["2", ""]));
+        assert!(two.ends("2") && two.ends(""));
+        assert!(!two.ends("1"));
+        // Version 1 broken while unversioned requests reach 2: only pins to 1 end.
+        let one = ended(Some(&["1"]));
+        assert!(one.ends("1"));
+        assert!(!one.ends("") && !one.ends("2"));
     }
 }

@@ -30,12 +30,23 @@ use super::metrics::RequestMetrics;
 use super::validation::RequestSpec;
 
 /// (model, its spec, hidden outputs or None, look for NaN/Inf, its generate limits,
-/// generation.idle_timeout_s) as Python publishes a lane.
-type LaneTuple<'py> = (String, PyRef<'py, RequestSpec>, Option<Vec<String>>, bool, PyRef<'py, GenerateLimits>, f64);
+/// generation.idle_timeout_s, its pinnable versions) as Python publishes a lane.
+type LaneTuple<'py> = (
+    String,
+    PyRef<'py, RequestSpec>,
+    Option<Vec<String>>,
+    bool,
+    PyRef<'py, GenerateLimits>,
+    f64,
+    Vec<VersionTuple<'py>>,
+);
+
+/// (version, its spec, its hidden outputs or None): a loaded version whose spec Python fetched.
+type VersionTuple<'py> = (String, PyRef<'py, RequestSpec>, Option<Vec<String>>);
 
 /// (model, status, JSON body, Retry-After or None, reason label, the same refusal as a stream's last
-/// event).
-type EndedTuple = (String, u16, Vec<u8>, Option<u64>, String, Vec<u8>);
+/// event, the versions whose requests it ends or None for every version).
+type EndedTuple = (String, u16, Vec<u8>, Option<u64>, String, Vec<u8>, Option<Vec<String>>);
 /// (path, status, JSON body or empty, Retry-After or None, reason label or "").
 type CannedTuple = (String, u16, Vec<u8>, Option<u64>, String);
 
@@ -254,29 +265,44 @@ impl HttpFront {
     }
 
     /// Swap in the state requests read. `lanes`: (model, spec, hidden outputs or None, check
-    /// non-finite, generate limits, generation.idle_timeout_s); `ended`: (model, status, JSON body,
-    /// Retry-After or None, reason label, the streams' error event) for models whose requests at
-    /// Triton must end now; `health`: the answers of /v2/health/live and /ready as Python would give
-    /// them now.
+    /// non-finite, generate limits, generation.idle_timeout_s, [(version, spec, hidden outputs or
+    /// None)]); `ended`: (model, status, JSON body, Retry-After or None, reason label, the streams'
+    /// error event, the versions it ends or None for all) for models whose requests at Triton must
+    /// end now; `health`: the answers of /v2/health/live and /ready as Python would give them now.
     #[pyo3(signature = (lanes, ended, health = Vec::new()))]
     fn publish(&self, lanes: Vec<LaneTuple<'_>>, ended: Vec<EndedTuple>, health: Vec<CannedTuple>) -> PyResult<()> {
         let mut breakers = self.breakers.lock().map_err(|_| PyRuntimeError::new_err("breakers poisoned"))?;
         let capacity = self.shared.settings.max_in_flight_per_model;
         let mut snapshot = Snapshot::default();
-        for (model, spec, hidden, check_non_finite, generate, idle_s) in lanes {
+        for (model, spec, hidden, check_non_finite, generate, idle_s, versions) in lanes {
             let breaker = breakers.entry(model.clone()).or_insert_with(|| Arc::new(Breaker::new(capacity))).clone();
-            let lane = Lane {
+            let stream_idle = secs(idle_s, "generation.idle_timeout_s")?;
+            // A pinned version is the model served with that version's spec and hidden outputs: the
+            // breaker, limits and screening are the model's (ServingCore keys them by model alone).
+            let lane_of = |spec: &RequestSpec, hidden: Option<Vec<String>>, versions| Lane {
                 spec: spec.spec.clone(),
                 hidden: hidden.map(|h| h.into_iter().collect::<HashSet<_>>()),
                 check_non_finite,
-                breaker,
+                breaker: breaker.clone(),
                 generate: generate.limits.clone(),
-                stream_idle: secs(idle_s, "generation.idle_timeout_s")?,
+                stream_idle,
+                versions,
             };
-            snapshot.lanes.insert(model, Arc::new(lane));
+            let versions = versions
+                .into_iter()
+                .map(|(version, spec, hidden)| (version, Arc::new(lane_of(&spec, hidden, HashMap::new()))))
+                .collect();
+            snapshot.lanes.insert(model, Arc::new(lane_of(&spec, hidden, versions)));
         }
-        for (model, status, body, retry_after, reason, event) in ended {
-            let ended = Ended { status, body: Bytes::from(body), retry_after, reason, event: Bytes::from(event) };
+        for (model, status, body, retry_after, reason, event, versions) in ended {
+            let ended = Ended {
+                status,
+                body: Bytes::from(body),
+                retry_after,
+                reason,
+                event: Bytes::from(event),
+                versions: versions.map(|v| v.into_iter().collect()),
+            };
             snapshot.ended.insert(model, Arc::new(ended));
         }
         for (path, status, body, retry_after, reason) in health {
