@@ -117,13 +117,16 @@ pub(super) fn non_finite_message(model: &str, outputs: &[String]) -> String {
 async fn answer(shared: &Shared, request: &Infer) -> Reply {
     let model = request.model.as_str();
     let lane = &request.lane;
-    if let Err(refused) = check_generate_request(&lane.spec, &lane.generate, &request.body) {
+    let checked = check_generate_request(&lane.spec, &lane.generate, &request.body);
+    request.span.phase("validation");
+    if let Err(refused) = checked {
         return body_refusal(shared, model, &refused);
     }
     let permit = match slot(shared, &lane.breaker, model).await {
         Ok(permit) => permit,
         Err(refused) => return refused,
     };
+    request.span.phase("breaker wait");
     let _at_triton = AtTriton::new(shared, model);
     let path = format!("/v2/models/{model}/generate");
     let headers = upstream_headers(request);
@@ -146,8 +149,13 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
         }
     };
     drop(permit);
+    request.span.phase("upstream call");
     match outcome {
-        Ok(answer) => screen(shared, request, answer),
+        Ok(answer) => {
+            let reply = screen(shared, request, answer);
+            request.span.phase("screening");
+            reply
+        }
         Err(failure) => upstream_refusal(shared, model, failure),
     }
 }
