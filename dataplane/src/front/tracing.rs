@@ -163,7 +163,7 @@ impl Tracing {
         ];
         let span = self
             .tracer
-            .span_builder(format!("POST {route}"))
+            .span_builder(opened.endpoint.span_name())
             .with_kind(SpanKind::Server)
             .with_attributes(attributes)
             .with_start_time(SystemTime::now() - opened.started.elapsed())
@@ -208,12 +208,18 @@ pub struct Opened<'a> {
 }
 
 impl Endpoint {
-    /// The route template (http.route, and the span's name after the method).
+    /// The route template (http.route).
     pub fn route(self) -> &'static str {
+        &self.span_name()["POST ".len()..]
+    }
+
+    /// The span's name: the method and the route template, as OpenTelemetry's HTTP conventions say
+    /// (static: nothing to format per request).
+    pub fn span_name(self) -> &'static str {
         match self {
-            Endpoint::Infer => "/v2/models/{model}/infer",
-            Endpoint::Generate => "/v2/models/{model}/generate",
-            Endpoint::GenerateStream => "/v2/models/{model}/generate_stream",
+            Endpoint::Infer => "POST /v2/models/{model}/infer",
+            Endpoint::Generate => "POST /v2/models/{model}/generate",
+            Endpoint::GenerateStream => "POST /v2/models/{model}/generate_stream",
         }
     }
 }
