@@ -272,6 +272,7 @@ impl RequestSpan {
     pub const OFF: RequestSpan = RequestSpan(None);
 
     /// The request's span when the front traces (`shared.tracing`): one branch when it does not.
+    #[inline]
     pub fn open(tracing: Option<&Tracing>, opened: Opened<'_>) -> RequestSpan {
         match tracing {
             None => RequestSpan::OFF,
@@ -294,12 +295,14 @@ impl RequestSpan {
     }
 
     /// The span id for the access log; "" when untraced.
+    #[inline]
     pub fn span_id(&self) -> String {
         self.0.as_ref().map_or_else(String::new, |t| t.span_id.clone())
     }
 
     /// A phase of the request ended now: an event `name` with its duration in milliseconds (since
     /// the span began or the last phase ended).
+    #[inline]
     pub fn phase(&self, name: &'static str) {
         self.with(|open| {
             let now = Instant::now();
@@ -310,6 +313,7 @@ impl RequestSpan {
     }
 
     /// A moment inside the span with its attributes (made only when the span records).
+    #[inline]
     pub fn event(&self, name: &'static str, attributes: impl FnOnce() -> Vec<KeyValue>) {
         self.with(|open| add_event(open, name, attributes()));
     }
@@ -317,6 +321,7 @@ impl RequestSpan {
     /// End the span with the request's outcome: HTTP status, refusal reason ("" for none), bytes
     /// sent. A refusal, or a 5xx, is an error whose description is `[reason] message`, the message
     /// the client got (`message` is called only then).
+    #[inline]
     pub fn end(&self, status: u16, reason: &str, message: impl FnOnce() -> String, bytes_out: u64) {
         self.with(|open| {
             if open.ended {
@@ -358,6 +363,9 @@ impl Drop for RequestSpan {
     /// A span dropped before its end: the request's task was aborted because its client left (the
     /// front counts it 499), or its handling panicked (500).
     fn drop(&mut self) {
+        if self.0.is_none() {
+            return; // untraced: one branch, as everywhere else
+        }
         let (status, reason, message) = if std::thread::panicking() {
             (500, "internal_error", "the sidecar failed to handle this request; it was logged")
         } else {
