@@ -156,14 +156,9 @@ class SidecarMetrics:
                                       "proxy.max_shadow_in_flight were already running.", ["model"],
                                       registry=registry)
 
-        # Tracing (sidecar/tracing/otel.py): 0 while tracing.endpoint is empty
-        self.tracing_spans_exported = Counter(f"{PREFIX}_tracing_spans_exported", "Spans the collector "
-                                              "accepted.", registry=registry)
-        self.tracing_spans_dropped = Counter(f"{PREFIX}_tracing_spans_dropped", "Spans lost, by reason "
-                                             "(queue_full: tracing.queue_size spans were waiting, the oldest "
-                                             "was dropped; export_failed: the collector did not take a batch "
-                                             "within tracing.export_timeout_s). Export never waits for a "
-                                             "request, nor a request for export.", ["reason"], registry=registry)
+        # Tracing: tracing_spans_exported_total and tracing_spans_dropped_total{reason} are counted by
+        # both exporters (Python's, sidecar/tracing/otel.py; the HTTP front's, front/tracing.rs) into
+        # the data plane's atomics, exported by DataPlaneCollector (_TRACING_COUNTERS).
 
         # Triton
         self.triton_up = Gauge(f"{PREFIX}_triton_up", "1 when Triton answers /v2/health/live.", registry=registry)
@@ -244,6 +239,15 @@ _CONNECTION_COUNTERS = (
      "client_san_not_allowed (gRPC core fails the others unseen).", ("reason",), []),
 )
 
+#: Tracing's families, counted by both exporters (0 while tracing.endpoint is empty); the same shape.
+_TRACING_COUNTERS = (
+    ("tracing_spans_exported", f"{PREFIX}_tracing_spans_exported", "Spans the collector accepted.", (), [()]),
+    ("tracing_spans_dropped", f"{PREFIX}_tracing_spans_dropped", "Spans lost, by reason (queue_full: "
+     "tracing.queue_size spans were waiting and one was dropped; export_failed: the collector did not take a "
+     "batch within tracing.export_timeout_s). Export never waits for a request, nor a request for export.",
+     ("reason",), [("queue_full",), ("export_failed",)]),
+)
+
 _IN_FLIGHT = (f"{PREFIX}_proxy_in_flight", "Proxied requests in progress, per model.", ["model"])
 
 _QUEUED = (f"{PREFIX}_proxy_queued", "Proxied requests waiting for a slot at Triton (the breaker's queue, at "
@@ -285,7 +289,7 @@ class DataPlaneCollector:
         for _, name, help_text, labels in _DATA_PLANE_COUNTERS:
             yield CounterMetricFamily(name, help_text, labels=labels)
         yield HistogramMetricFamily(_DURATION[0], _DURATION[1], labels=_DURATION[2])
-        for _, name, help_text, labels, _ in _CONNECTION_COUNTERS:
+        for _, name, help_text, labels, _ in (*_CONNECTION_COUNTERS, *_TRACING_COUNTERS):
             yield CounterMetricFamily(name, help_text, labels=labels)
         yield GaugeMetricFamily(*_CONNECTIONS_OPEN)
         yield GaugeMetricFamily(*_IN_FLIGHT)
@@ -307,7 +311,7 @@ class DataPlaneCollector:
         for values, cumulative, total in now["duration"]:
             histogram.add_metric(values, list(zip(self._bounds, cumulative, strict=True)), total)
         yield histogram
-        for key, name, help_text, labels, always in _CONNECTION_COUNTERS:
+        for key, name, help_text, labels, always in (*_CONNECTION_COUNTERS, *_TRACING_COUNTERS):
             family = CounterMetricFamily(name, help_text, labels=labels)
             counted = {tuple(values)[:len(labels)]: count for values, count in now[key]}  # "" for no labels
             for values in always:

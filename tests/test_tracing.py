@@ -29,12 +29,13 @@ from tritonclient.grpc import service_pb2 as pb
 
 from sidecar.config import ConfigError, load_config
 from sidecar.devtools.tritonserver import LocalTriton, free_port
+from sidecar.fronts.appkeys import CONFIG
 from sidecar.fronts.grpc_server import SERVICE
 from sidecar.logs import configure_logging
 from sidecar.states import ModelState
 from tests.conftest import EXAMPLE_MODELS, _repository_copy
 from tests.harness import FreshModel, stop_sidecar, wait_for
-from tests.proxy_support import features, proxy_config, started_and_healthy
+from tests.proxy_support import credit_json, features, proxy_config, started_and_healthy
 
 SIDECAR_SERVICE = "triton-sidecar"
 
@@ -424,6 +425,210 @@ async def test_with_the_collector_down_or_hung_answers_and_latency_do_not_change
             assert time.monotonic() - stopping < 1.0 + 2.0, f"stopping took {time.monotonic() - stopping:.1f} s"
     finally:
         hung.close()
+
+
+# -- HTTP requests served by the Rust front (listen.front: rust; dataplane/src/front/tracing.rs) ------------
+
+#: The front's span names: the method and the route template (http.route).
+HTTP_INFER_SPAN = "POST /v2/models/{model}/infer"
+
+#: The SDK's batch processor's worker thread, as the kernel names it (15 characters of its name): the
+#: front starts one only while tracing is on.
+EXPORT_THREAD = "OpenTelemetry.T"
+
+
+def _rust(config: Any) -> Any:
+    return replace(config, listen=replace(config.listen, front="rust"))
+
+
+def _export_threads() -> int:
+    return sum(1 for comm in Path("/proc/self/task").glob("*/comm") if comm.read_text().strip() == EXPORT_THREAD)
+
+
+async def _lane(sidecar: Any, model: str) -> Any:
+    """The front, once `model` is one of its lanes (its requests served in Rust, so traced there)."""
+    front = sidecar.server
+    await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]}, 10, what=f"{model} a lane")
+    return front
+
+
+async def _http_infer(sidecar: Any, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    async with sidecar.session.post(sidecar.url + "/v2/models/credit_risk/infer", json=body, headers=headers) as r:
+        return r.status, await r.json()
+
+
+async def test_an_http_request_on_the_rust_front_continues_the_client_s_trace_with_triton_s_spans_under_it(
+        receiver, traced_triton, start, log_events):
+    # sample_rate 0 and parent-based: only the client's sampled traces are kept.
+    sidecar = await started_and_healthy(start, _rust(tracing_config(traced_triton, receiver.url, sample_rate=0.0)))
+    front = await _lane(sidecar, "credit_risk")
+    served_before = front.fast_requests
+    client_span = "00f067aa0ba902b7"
+
+    def client_trace(i: int) -> str:
+        return f"{i:x}af92f3577b34da6a3ce929d0e0e4736"
+
+    async def send(i: int) -> str:
+        status, answer = await _http_infer(sidecar, credit_json(seed=6), {
+            "traceparent": f"00-{client_trace(i)}-{client_span}-01", "tracestate": "vendor=kept",
+            "x-request-id": f"http-traced-{i}"})
+        assert status == 200 and answer["model_name"] == "credit_risk", answer
+        return f"http-traced-{i}"
+
+    span, theirs = await _triton_joins(receiver, send)
+    i = int(span.attributes["sidecar.request_id"].rsplit("-", 1)[1])
+    assert front.fast_requests > served_before, "the requests were not served by the front"
+    assert (span.trace_id, span.name, span.parent_span_id) == (client_trace(i), HTTP_INFER_SPAN, client_span), span
+    assert span.attributes["sidecar.model"] == "credit_risk" and span.attributes["sidecar.protocol"] == "http", span
+    assert span.attributes["http.request.method"] == "POST", span
+    assert span.attributes["http.route"] == "/v2/models/{model}/infer", span
+    assert span.attributes["http.response.status_code"] == 200 and span.attributes["sidecar.status"] == "200", span
+    assert span.attributes["http.request.body.size"] > 1000 and span.attributes["http.response.body.size"] > 0, span
+    assert "sidecar.refusal.reason" not in span.attributes and not span.failed, span
+    assert list(span.events) == ["validation", "breaker wait", "upstream call", "screening"], span
+    assert all(s.trace_id == span.trace_id for s in theirs), theirs
+    # The access log line the front sent up names the trace and the front's span.
+    access = [e for e in log_events if e.get("event") == "proxy_request" and e.get("request_id") == f"http-traced-{i}"]
+    assert access and (access[0]["trace_id"], access[0]["span_id"]) == (span.trace_id, span.span_id), access
+
+    # A client trace that is not sampled stays unsampled: nothing of the sidecar's in it, and Triton gets
+    # the client's own traceparent, as without tracing.
+    unsampled = "5af92f3577b34da6a3ce929d0e0e4737"
+    status, _ = await _http_infer(sidecar, credit_json(seed=7), {"traceparent": f"00-{unsampled}-{client_span}-00"})
+    assert status == 200
+    last = "6af92f3577b34da6a3ce929d0e0e4738"
+    status, _ = await _http_infer(sidecar, credit_json(seed=8), {"traceparent": f"00-{last}-{client_span}-01"})
+    assert status == 200
+    await wait_for(lambda: receiver.find(trace_id=last, service=SIDECAR_SERVICE), 10, what="the last span")
+    assert not receiver.find(trace_id=unsampled, service=SIDECAR_SERVICE)
+    assert sidecar.metric("triton_sidecar_tracing_spans_exported_total") >= 2
+    assert sidecar.metric("triton_sidecar_tracing_spans_dropped_total", reason="queue_full") == 0
+
+
+async def test_an_http_request_without_a_traceparent_starts_a_trace_and_a_stream_is_one_span(
+        receiver, traced_triton, start):
+    config = tracing_config(traced_triton, receiver.url, models=["credit_risk", "text_echo"], sample_rate=1.0)
+    sidecar = await started_and_healthy(start, _rust(config))
+    await _lane(sidecar, "credit_risk")
+
+    async def send(i: int) -> str:
+        status, _ = await _http_infer(sidecar, credit_json(seed=9), {"x-request-id": f"http-new-{i}"})
+        assert status == 200
+        return f"http-new-{i}"
+
+    span, _ = await _triton_joins(receiver, send)
+    assert span.name == HTTP_INFER_SPAN and span.parent_span_id == "" and span.trace_id != "0" * 32, span
+
+    # A generate_stream: one span for the whole stream, a bounded number of events whatever its length.
+    await _lane(sidecar, "text_echo")
+    words = 40
+    body = {"text_input": " ".join(f"w{i}" for i in range(words)), "max_tokens": words}
+    async with sidecar.session.post(sidecar.url + "/v2/models/text_echo/generate_stream", json=body,
+                                    headers={"x-request-id": "http-stream"}) as r:
+        assert r.status == 200
+        events = (await r.read()).count(b"\n\n")
+    assert events == words
+    streams = await wait_for(lambda: receiver.find(attributes={"sidecar.request_id": "http-stream"}), 10,
+                             what="the stream's span")
+    assert len(streams) == 1, streams
+    stream = streams[0]
+    assert stream.name == "POST /v2/models/{model}/generate_stream" and not stream.failed, stream
+    assert stream.attributes["http.response.status_code"] == 200, stream
+    assert stream.attributes["sidecar.model"] == "text_echo", stream
+    assert stream.events == ("validation", "breaker wait", "upstream call", "first event sent", "stream ended"), stream
+
+
+async def test_a_refused_http_request_leaves_an_error_span_with_its_reason_and_never_reaches_triton(
+        receiver, traced_triton, start):
+    sidecar = await started_and_healthy(start, _rust(tracing_config(traced_triton, receiver.url, sample_rate=0.0)))
+    await _lane(sidecar, "credit_risk")
+    refused_trace, parent = "7af92f3577b34da6a3ce929d0e0e4739", "00f067aa0ba902b7"
+    bad = credit_json(seed=10)
+    bad["inputs"][0]["shape"] = [2, 64]  # 128 values, but not the model's [-1, 128]
+    status, answer = await _http_infer(sidecar, bad, {"traceparent": f"00-{refused_trace}-{parent}-01"})
+    assert status == 400 and answer["reason"] == "shape", answer
+    spans = await wait_for(lambda: receiver.find(trace_id=refused_trace), 10, what="the refused request's span")
+    span = spans[0]
+    assert span.service == SIDECAR_SERVICE and span.name == HTTP_INFER_SPAN and span.parent_span_id == parent, span
+    assert span.failed and span.attributes["sidecar.refusal.reason"] == "shape", span
+    assert span.status_message == f"[shape] {answer['error']}", span
+    assert span.attributes["http.response.status_code"] == 400, span
+    assert span.events == ("validation",), span  # refused before the breaker and Triton
+    # Good requests after it: once Triton's span for one is in, one for the refused request would be too.
+
+    async def send(i: int) -> str:
+        status, _ = await _http_infer(sidecar, credit_json(seed=11), {
+            "traceparent": f"00-{refused_trace[:-1]}{(i + 10):x}-{parent}-01", "x-request-id": f"http-after-{i}"})
+        assert status == 200
+        return f"http-after-{i}"
+
+    await _triton_joins(receiver, send)
+    assert [s.service for s in receiver.find(trace_id=refused_trace)] == [SIDECAR_SERVICE]
+
+
+async def test_with_the_collector_down_or_hung_the_rust_front_s_answers_do_not_change_and_lost_spans_are_counted(
+        triton, start, sidecars):
+    """As the gRPC test above, for HTTP requests the front serves: probes run once an hour, so nearly every
+    span is the front's (Python's probe rounds add one per model at start)."""
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(64)
+    requests = 40
+    try:
+        for endpoint in (f"http://127.0.0.1:{free_port()}/v1/traces",
+                         f"http://127.0.0.1:{hung.getsockname()[1]}/v1/traces"):
+            config = tracing_config(triton, endpoint, sample_rate=1.0, queue_size=4, batch_size=2,
+                                    export_timeout_s=1.0)
+            config = _rust(replace(config, probes=replace(config.probes, interval_s=3600.0, jitter=0.0)))
+            sidecar = await started_and_healthy(start, config)
+            front = await _lane(sidecar, "credit_risk")
+            assert _export_threads() >= 1, "tracing on: the front's exporter thread is running"
+            served_before = front.fast_requests
+            answers, slowest = set(), 0.0
+            for _ in range(requests):
+                sent = time.monotonic()
+                status, answer = await _http_infer(sidecar, credit_json(seed=12), {})
+                slowest = max(slowest, time.monotonic() - sent)
+                assert status == 200, answer
+                answers.add(json.dumps(answer["outputs"], sort_keys=True))
+            assert front.fast_requests - served_before == requests
+            assert len(answers) == 1, "the same request got different answers"
+            assert slowest < 0.5, f"{endpoint}: a request took {slowest:.2f} s"
+
+            def lost(running=sidecar) -> float:  # type: ignore[no-untyped-def]
+                return sum(running.metric("triton_sidecar_tracing_spans_dropped_total", reason=reason) or 0
+                           for reason in ("queue_full", "export_failed"))
+
+            # Every one of the front's spans is lost one way or the other, and counted.
+            await wait_for(lambda: lost() >= requests, 15, what=f"{endpoint}: the front's lost spans counted")
+            assert sidecar.metric("triton_sidecar_tracing_spans_exported_total") == 0
+            if endpoint.endswith(f":{hung.getsockname()[1]}/v1/traces"):
+                # 40 requests in far less than one hung export (1 s): the queue of 4 overflowed.
+                assert sidecar.metric("triton_sidecar_tracing_spans_dropped_total", reason="queue_full") >= 10
+            sidecars.remove(sidecar)
+            stopping = time.monotonic()
+            await stop_sidecar(sidecar)
+            assert time.monotonic() - stopping < 1.0 + 2.0, f"stopping took {time.monotonic() - stopping:.1f} s"
+    finally:
+        hung.close()
+
+
+async def test_with_tracing_off_the_rust_front_runs_no_exporter_and_logs_the_client_s_trace_id(
+        triton, start, log_events):
+    # The exporter threads of the sidecars stopped before this one are gone: shutdown stops them.
+    await wait_for(lambda: _export_threads() == 0, 10, what="no exporter thread left by stopped sidecars")
+    sidecar = await started_and_healthy(start, _rust(proxy_config(triton, logging={"access_log_sample_rate": 1.0})))
+    assert not sidecar.app[CONFIG].tracing.enabled
+    front = await _lane(sidecar, "credit_risk")
+    served_before = front.fast_requests
+    client_trace = "9af92f3577b34da6a3ce929d0e0e473b"
+    status, _ = await _http_infer(sidecar, credit_json(seed=13), {
+        "traceparent": f"00-{client_trace}-00f067aa0ba902b7-01", "x-request-id": "untraced"})
+    assert status == 200 and front.fast_requests == served_before + 1
+    assert _export_threads() == 0
+    access = await wait_for(lambda: [e for e in log_events if e.get("event") == "proxy_request"
+                                     and e.get("request_id") == "untraced"], 5, what="the access log line")
+    assert access[0]["trace_id"] == client_trace and "span_id" not in access[0], access
 
 
 def test_tracing_off_imports_no_opentelemetry():

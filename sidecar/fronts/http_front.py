@@ -40,7 +40,9 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from sidecar import __version__
 from sidecar._dataplane import HttpFront as NativeFront
+from sidecar.config import TracingSection
 from sidecar.fronts.appkeys import CONFIG, HEARTBEATS, LIFECYCLE, SERVING, STATES, TLS, WATCH
 from sidecar.fronts.http_listener import SidecarListener
 from sidecar.fronts.http_routes import live_refusal, ready_refusal
@@ -136,7 +138,8 @@ class HttpFront:
         try:
             self._native = NativeFront(host, port, listen.max_connections, listen.workers, self.back.port, upstream,
                                        {k: float(v) for k, v in limits.items()}, self.core.metrics.requests,
-                                       tls=_tls_material(tls, tls.material) if tls is not None else None)
+                                       tls=_tls_material(tls, tls.material) if tls is not None else None,
+                                       tracing=_tracing(config.tracing))
         except ValueError as e:  # rustls refused what OpenSSL accepted: a start-up error naming the key
             await self.back.close()
             raise TlsFileError(str(e)) from e
@@ -373,10 +376,13 @@ class HttpFront:
             if kind == "answered":
                 signals.upstream_answered(event[1])
             elif kind == "log":
-                _, request_id, trace_id, model, method, path, status, duration_ms, reason, client_subject = event
+                (_, request_id, trace_id, model, method, path, status, duration_ms, reason, client_subject,
+                 span_id) = event
                 fields: dict[str, Any] = {"request_id": request_id, "trace_id": trace_id, "model": model,
                                           "protocol": "http", "method": method, "path": path, "status": status,
                                           "duration_ms": duration_ms}
+                if span_id:  # traced by the front: the trace and the front's span in it
+                    fields["span_id"] = span_id
                 if reason:
                     fields["reason"] = reason
                 if client_subject:
@@ -456,6 +462,22 @@ def _tls_material(tls: ServerTls, material: TlsMaterial) -> tuple[bytes, bytes, 
     allowed client SANs and the lowest version."""
     section = tls.section
     return material.cert_pem, material.key_pem, material.ca_pem, list(section.client_allowed_sans), section.min_version
+
+
+def _tracing(section: TracingSection) -> tuple[str, float, bool, str, str, list[tuple[str, str]], int, int,
+                                               float, float] | None:
+    """The resolved tracing section as the front takes it (it reads no environment of its own); None
+    while tracing is off, or when the collector's URL is https:// (the front posts plain HTTP only:
+    its requests then go untraced, said once at start)."""
+    if not section.enabled:
+        return None
+    if not section.endpoint.startswith("http://"):
+        log.warning("http_front_not_traced", endpoint=section.endpoint,
+                    cause="the HTTP front exports spans over plain http:// only; its requests are not traced")
+        return None
+    return (section.endpoint, section.sample_rate, section.parent_based, section.service_name, __version__,
+            sorted(section.resource_attributes.items()), section.queue_size, section.batch_size,
+            section.export_delay_s, section.export_timeout_s)
 
 
 def http_server(app: web.Application) -> SidecarListener | HttpFront:

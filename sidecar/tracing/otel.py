@@ -56,8 +56,7 @@ class CountedExporter(SpanExporter):
 
     def __init__(self, exporter: SpanExporter, *, metrics: SidecarMetrics) -> None:
         self._exporter = exporter
-        self._exported = metrics.tracing_spans_exported
-        self._failed = metrics.tracing_spans_dropped.labels(reason="export_failed")
+        self._counts = metrics.requests  # the data plane's atomics, which the HTTP front counts into too
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
@@ -65,7 +64,10 @@ class CountedExporter(SpanExporter):
         except Exception as e:  # the SDK would log and forget it; count it as the loss it is
             log.warning("tracing_export_failed", spans=len(spans), error=type(e).__name__, cause=cut(str(e), 200))
             result = SpanExportResult.FAILURE
-        (self._exported if result is SpanExportResult.SUCCESS else self._failed).inc(len(spans))
+        if result is SpanExportResult.SUCCESS:
+            self._counts.spans_exported(len(spans))
+        else:
+            self._counts.spans_dropped("export_failed", len(spans))
         return result
 
     def shutdown(self) -> None:
@@ -84,7 +86,7 @@ class CountedBatchSpanProcessor(BatchSpanProcessor):
                          schedule_delay_millis=settings.export_delay_s * 1000,
                          max_export_batch_size=settings.batch_size,
                          export_timeout_millis=settings.export_timeout_s * 1000)
-        self._dropped = metrics.tracing_spans_dropped.labels(reason="queue_full")
+        self._counts = metrics.requests
         self._shutdown_ms = settings.export_timeout_s * 1000
         # The SDK's queue (a deque bounded by max_queue_size); None if a future SDK hides it, and then
         # the queue's drops go uncounted rather than the sidecar failing to start.
@@ -93,7 +95,7 @@ class CountedBatchSpanProcessor(BatchSpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         queue = self._queue
         if queue is not None and queue.maxlen is not None and len(queue) >= queue.maxlen:
-            self._dropped.inc()
+            self._counts.spans_dropped("queue_full", 1)
         super().on_end(span)
 
     def shutdown(self) -> None:
@@ -129,8 +131,6 @@ def start_tracing(settings: TracingSection, *, metrics: SidecarMetrics, protocol
     always = TracerProvider(resource=resource, sampler=ALWAYS_ON, shutdown_on_exit=False)
     for provider in (sampled, always):
         provider.add_span_processor(processor)
-    for reason in ("queue_full", "export_failed"):
-        metrics.tracing_spans_dropped.labels(reason=reason)
     log.info("tracing_started", endpoint=settings.endpoint, sample_rate=settings.sample_rate,
              parent_based=settings.parent_based, service_name=settings.service_name)
     return OtelTracing(sampled=sampled, always=always, protocols=protocols)

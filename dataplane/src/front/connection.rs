@@ -23,6 +23,7 @@ use super::generate_stream::{self, Relayed};
 use super::lane::{self, Infer};
 use super::reply::{encode, refusal, Reply, JSON_REFUSAL};
 use super::state::Canned;
+use super::tracing::{Opened, RequestSpan};
 use super::Shared;
 
 /// The metrics label of a request to the pod rather than a model (sidecar.serving.admission).
@@ -274,13 +275,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             request
         };
         let request_id = request_id(head.get("x-request-id"));
+        let (traceparent, tracestate) = (head.get("traceparent"), head.get("tracestate"));
+        let opened = Opened {
+            traceparent,
+            tracestate,
+            endpoint,
+            model: &model,
+            request_id: &request_id,
+            body_bytes: body.len(),
+            started,
+        };
+        let span = RequestSpan::open(self.shared.tracing.as_ref(), opened);
+        let (trace_id, traceparent, tracestate) = span.upstream_context(trace_id(traceparent), traceparent, tracestate);
         let infer = Infer {
             model,
             version,
             lane,
-            trace_id: trace_id(head.get("traceparent")),
-            traceparent: head.get("traceparent").map(str::to_owned),
-            tracestate: head.get("tracestate").map(str::to_owned),
+            trace_id,
+            traceparent,
+            tracestate,
+            span,
             header_length,
             body,
             path: head.path.clone(),
@@ -329,7 +343,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         let model = infer.model.clone();
         let path = infer.path.clone();
         let started = infer.started;
-        let trace = infer.trace_id.clone();
+        let (trace, span_id) = (infer.trace_id.clone(), infer.span.span_id());
         let mut task = match endpoint {
             Endpoint::Generate => tokio::spawn(generate::serve(shared.clone(), infer)),
             _ => tokio::spawn(lane::serve(shared.clone(), infer)),
@@ -360,7 +374,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                         let seconds = started.elapsed().as_secs_f64();
                         shared.metrics.finish("http", &model, "499", seconds);
                         shared.events.push(Event::Log(AccessRecord {
-                            request_id, trace_id: trace, model, method: "POST".to_owned(), path: cut(&path, 200), status: 499,
+                            request_id, trace_id: trace, span_id, model, method: "POST".to_owned(), path: cut(&path, 200), status: 499,
                             duration_ms: (seconds * 100_000.0).round() / 100.0,
                             reason: "client_disconnected".to_owned(),
                             client_subject: self.client_subject.clone(),
@@ -487,6 +501,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             shared.events.push(Event::Log(AccessRecord {
                 request_id: request_id.clone(),
                 trace_id,
+                span_id: String::new(),
                 model: SERVER_LABEL.to_owned(),
                 method: head.method.clone(),
                 path: cut(&head.path, 200),
@@ -571,6 +586,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         self.shared.events.push(Event::Log(AccessRecord {
             request_id: id.clone(),
             trace_id: String::new(),
+            span_id: String::new(),
             model: label.to_owned(),
             method: self.method.clone(),
             path: cut(path, 200),

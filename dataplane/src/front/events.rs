@@ -59,6 +59,8 @@ pub enum Event {
 pub struct AccessRecord {
     pub request_id: String,
     pub trace_id: String,
+    /// The front's span when the request was traced (front/tracing.rs), "" when not.
+    pub span_id: String,
     pub model: String,
     /// As the client sent it ("" when the refusal came before a request line could be read).
     pub method: String,

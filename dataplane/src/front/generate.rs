@@ -118,13 +118,16 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
     let model = request.model.as_str();
     let lane = &request.lane;
     lane::routed(shared, request);
-    if let Err(refused) = check_generate_request(&lane.spec, &lane.generate, &request.body) {
+    let checked = check_generate_request(&lane.spec, &lane.generate, &request.body);
+    request.span.phase("validation");
+    if let Err(refused) = checked {
         return body_refusal(shared, model, &refused);
     }
     let permit = match slot(shared, &lane.breaker, model).await {
         Ok(permit) => permit,
         Err(refused) => return refused,
     };
+    request.span.phase("breaker wait");
     let _at_triton = AtTriton::new(shared, model);
     let path = lane::triton_path(model, &request.version, "generate");
     let headers = upstream_headers(request);
@@ -147,8 +150,13 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
         }
     };
     drop(permit);
+    request.span.phase("upstream call");
     match outcome {
-        Ok(answer) => screen(shared, request, answer),
+        Ok(answer) => {
+            let reply = screen(shared, request, answer);
+            request.span.phase("screening");
+            reply
+        }
         Err(failure) => upstream_refusal(shared, model, failure),
     }
 }

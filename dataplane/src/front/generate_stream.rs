@@ -94,6 +94,8 @@ struct Record<'a> {
     began: bool,
     /// Events sent to the client.
     events: u64,
+    /// Bytes of events sent to the client (the span's http.response.body.size).
+    bytes: u64,
     done: bool,
 }
 
@@ -116,6 +118,14 @@ impl Record<'_> {
                 events: self.events,
                 cause: cut(&e.message, 300),
             });
+        }
+        let span = &self.request.span;
+        let events = self.events as i64;
+        span.event("stream ended", || vec![opentelemetry::KeyValue::new("sidecar.stream.events", events)]);
+        match ending {
+            // Ended by the sidecar with an error event: an error span saying why, as a refusal's.
+            Some(e) => span.end(200, &e.outcome, || e.message.clone(), self.bytes),
+            None => span.end(200, "", String::new, self.bytes),
         }
         lane::finish_status(self.shared, self.request, 200, "");
         self.done = true;
@@ -144,6 +154,7 @@ impl Drop for Record<'_> {
         self.shared.events.push(Event::Log(AccessRecord {
             request_id: self.request.request_id.clone(),
             trace_id: self.request.trace_id.clone(),
+            span_id: self.request.span.span_id(),
             model: model.to_owned(),
             method: "POST".to_owned(),
             path: cut(&self.request.path, 200),
@@ -178,7 +189,7 @@ impl Drop for Open<'_> {
 async fn run(shared: Arc<Shared>, request: Infer, tx: mpsc::Sender<Out>) {
     let shared = &*shared;
     let _counted = InFlight::new(shared);
-    let mut record = Record { shared, request: &request, began: false, events: 0, done: false };
+    let mut record = Record { shared, request: &request, began: false, events: 0, bytes: 0, done: false };
     let model = request.model.as_str();
     let lane = &request.lane;
     let whole = |record: &mut Record, reply: Reply| {
@@ -186,13 +197,16 @@ async fn run(shared: Arc<Shared>, request: Infer, tx: mpsc::Sender<Out>) {
         // The connection reads until the channel closes: a full channel is not possible here.
         let _ = tx.try_send(Out::Whole(reply));
     };
-    if let Err(refused) = check_generate_request(&lane.spec, &lane.generate, &request.body) {
+    let checked = check_generate_request(&lane.spec, &lane.generate, &request.body);
+    request.span.phase("validation");
+    if let Err(refused) = checked {
         return whole(&mut record, body_refusal(shared, model, &refused));
     }
     let permit = match slot(shared, &lane.breaker, model).await {
         Ok(permit) => permit,
         Err(refused) => return whole(&mut record, refused),
     };
+    request.span.phase("breaker wait");
     let open = Open::new(shared, model);
     // Subscribed before Triton is called: a quarantine published meanwhile is not missed.
     let mut published = shared.published.subscribe();
@@ -203,6 +217,7 @@ async fn run(shared: Arc<Shared>, request: Infer, tx: mpsc::Sender<Out>) {
         Ok(upstream) => upstream,
         Err(failure) => return whole(&mut record, upstream_refusal(shared, model, failure)),
     };
+    request.span.phase("upstream call");
     if upstream.status != 200 {
         let timeout = shared.settings.upstream_timeout;
         let answer = match tokio::time::timeout(timeout, upstream.read_all(MAX_ERROR_BODY)).await {
@@ -290,11 +305,16 @@ async fn run(shared: Arc<Shared>, request: Infer, tx: mpsc::Sender<Out>) {
             }
         };
         let Ok(reserved) = reserved else { return };
+        record.bytes += bytes.len() as u64;
         reserved.send(Out::Events(bytes));
         let now = Instant::now();
         let streams = &shared.metrics.streams;
         match last_sent {
-            None => streams.first_event.observe(&[model], request.started.elapsed().as_secs_f64()),
+            None => {
+                // One event per stream for its first write, whatever its length: a span stays small.
+                request.span.phase("first event sent");
+                streams.first_event.observe(&[model], request.started.elapsed().as_secs_f64());
+            }
             Some(before) => streams.inter_event.observe(&[model], (now - before).as_secs_f64()),
         }
         last_sent = Some(now);

@@ -15,6 +15,7 @@ use crate::serving::validation::validate_infer_request;
 use super::events::{AccessRecord, Event};
 use super::reply::{json_value, refusal, Reply};
 use super::state::{Breaker, Lane};
+use super::tracing::RequestSpan;
 use super::upstream::{Answer, Failure};
 use super::Shared;
 
@@ -35,6 +36,8 @@ pub struct Infer {
     pub started: Instant,
     /// The client certificate's subject (mutual TLS), for the access log; "" without one.
     pub client_subject: Arc<str>,
+    /// The request's span (front/tracing.rs); RequestSpan::OFF when untraced.
+    pub span: RequestSpan,
 }
 
 /// Serve one request; the answer is always one the client can read (never an error).
@@ -49,6 +52,8 @@ pub async fn serve(shared: Arc<Shared>, request: Infer) -> Reply {
 
 /// Count and log one answered request (sidecar.serving.telemetry.RequestTelemetry.finish).
 pub fn finish(shared: &Shared, request: &Infer, reply: &Reply) {
+    let message = || triton_error_message(&reply.body);
+    request.span.end(reply.status, reply.reason, message, reply.body.len() as u64);
     finish_status(shared, request, reply.status, reply.reason);
 }
 
@@ -64,6 +69,7 @@ pub fn finish_status(shared: &Shared, request: &Infer, status: u16, reason: &str
         shared.events.push(Event::Log(AccessRecord {
             request_id: request.request_id.clone(),
             trace_id: request.trace_id.clone(),
+            span_id: request.span.span_id(),
             model: request.model.clone(),
             method: "POST".to_owned(),
             path: cut(&request.path, 200),
@@ -84,7 +90,9 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
     let lane = &request.lane;
     routed(shared, request);
     let hidden = |name: &str| lane.is_hidden(name);
-    if let Err(refused) = validate_infer_request(&lane.spec, &request.body, request.header_length, &hidden) {
+    let checked = validate_infer_request(&lane.spec, &request.body, request.header_length, &hidden);
+    request.span.phase("validation");
+    if let Err(refused) = checked {
         let extra = if refused.input.is_empty() { vec![] } else { vec![("input", json_value(&refused.input))] };
         let status = match refused.reason.label() {
             "too_many_elements" => 413,
@@ -97,6 +105,7 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
         Ok(permit) => permit,
         Err(refused) => return refused,
     };
+    request.span.phase("breaker wait");
     let _at_triton = AtTriton::new(shared, model);
     let path = triton_path(model, &request.version, "infer");
     let content_type = if request.header_length.is_some() { "application/octet-stream" } else { "application/json" };
@@ -135,8 +144,13 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
         }
     };
     drop(permit);
+    request.span.phase("upstream call");
     match outcome {
-        Ok(answer) => screen(shared, request, answer),
+        Ok(answer) => {
+            let reply = screen(shared, request, answer);
+            request.span.phase("screening");
+            reply
+        }
         Err(failure) => upstream_refusal(shared, model, failure),
     }
 }

@@ -22,6 +22,7 @@ pub mod reply;
 pub mod settings;
 pub mod state;
 pub mod tls;
+pub mod tracing;
 pub mod upstream;
 pub mod watchdog;
 
@@ -57,6 +58,8 @@ pub struct Shared {
     pub events: Arc<Events>,
     /// TLS on listen.port (tls.cert_file set): every connection's handshake, then HTTP inside it.
     pub tls: Option<tls::Terminator>,
+    /// One span per lane request (tracing.endpoint set); None: tracing off, one branch per request.
+    pub tracing: Option<tracing::Tracing>,
     pub metrics: Arc<RequestMetrics>,
     pub open_connections: AtomicUsize,
     pub handovers: AtomicU64,
@@ -86,6 +89,7 @@ impl Shared {
             published: watch::channel(0).0,
             events,
             tls: None,
+            tracing: None,
             metrics,
             open_connections: AtomicUsize::new(0),
             handovers: AtomicU64::new(0),
@@ -154,6 +158,10 @@ pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: w
     }
     drop(listener);
     drain(&shared).await;
+    if let Some(tracing) = &shared.tracing {
+        // The last spans, while the runtime that posts them still runs (bounded by the export's).
+        tracing.shutdown().await;
+    }
 }
 
 /// One accepted connection to its end: over TLS when tls.cert_file is set (the handshake first,

@@ -38,6 +38,11 @@ pub struct RequestMetrics {
     pub tls_handshake_failures: CounterFamily,
     /// The generate streams' families (triton_sidecar_stream_*, streams_in_flight).
     pub streams: StreamMetrics,
+    /// triton_sidecar_tracing_spans_exported_total{}: spans the collector took, from the front's
+    /// exporter and from Python's (sidecar/tracing/otel.py), one family for both.
+    pub tracing_spans_exported: CounterFamily,
+    /// triton_sidecar_tracing_spans_dropped_total{reason}: queue_full, export_failed.
+    pub tracing_spans_dropped: CounterFamily,
 }
 
 impl RequestMetrics {
@@ -58,6 +63,8 @@ impl RequestMetrics {
             connection_timeouts: CounterFamily::default(),
             lingering_ends: CounterFamily::default(),
             tls_handshake_failures: CounterFamily::default(),
+            tracing_spans_exported: CounterFamily::default(),
+            tracing_spans_dropped: CounterFamily::default(),
         }
     }
 

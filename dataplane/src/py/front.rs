@@ -22,6 +22,7 @@ use crate::front::events::{Event, Events};
 use crate::front::settings::Settings;
 use crate::front::state::{Breaker, Canned, Ended, Lane, Snapshot};
 use crate::front::tls::{server_config, Terminator, TlsMaterial};
+use crate::front::tracing::{Tracing, TracingSettings};
 use crate::front::upstream::Upstream;
 use crate::front::{accept_loop, Shared};
 
@@ -54,6 +55,38 @@ type CannedTuple = (String, u16, Vec<u8>, Option<u64>, String);
 /// as sidecar/fronts/tls.py loaded and checked them.
 type TlsTuple = (Vec<u8>, Vec<u8>, Option<Vec<u8>>, Vec<String>, String);
 
+/// The resolved `tracing` section (sidecar/fronts/http_front.py's `_tracing`): (endpoint,
+/// sample_rate, parent_based, service_name, service.version, resource attributes, queue_size,
+/// batch_size, export_delay_s, export_timeout_s).
+type TracingTuple = (String, f64, bool, String, String, Vec<(String, String)>, usize, usize, f64, f64);
+
+fn tracing_settings(t: TracingTuple) -> PyResult<TracingSettings> {
+    let (
+        endpoint,
+        sample_rate,
+        parent_based,
+        service_name,
+        service_version,
+        resource_attributes,
+        queue_size,
+        batch_size,
+        delay_s,
+        timeout_s,
+    ) = t;
+    Ok(TracingSettings {
+        endpoint,
+        sample_rate,
+        parent_based,
+        service_name,
+        service_version,
+        resource_attributes,
+        queue_size,
+        batch_size,
+        export_delay: secs(delay_s, "tracing.export_delay_s")?,
+        export_timeout: secs(timeout_s, "tracing.export_timeout_s")?,
+    })
+}
+
 fn material((cert_chain_pem, key_pem, client_ca_pem, allowed_sans, min_version): TlsTuple) -> TlsMaterial {
     TlsMaterial { cert_chain_pem, key_pem, client_ca_pem, allowed_sans, min_version }
 }
@@ -82,9 +115,10 @@ impl HttpFront {
     /// `workers` runtime threads. `back_port`: the Python app on 127.0.0.1; `upstream`: Triton's
     /// HTTP "host:port". `limits` holds the settings by their configuration keys. `tls`: the
     /// material to serve TLS with (None: plaintext); `tls.handshake_timeout_s` in `limits` bounds
-    /// a handshake.
+    /// a handshake. `tracing`: the resolved tracing section when tracing.endpoint is set (None:
+    /// no span, no exporter).
     #[new]
-    #[pyo3(signature = (host, port, backlog, workers, back_port, upstream, limits, metrics, tls = None))]
+    #[pyo3(signature = (host, port, backlog, workers, back_port, upstream, limits, metrics, tls = None, tracing = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         host: &str,
@@ -96,6 +130,7 @@ impl HttpFront {
         limits: HashMap<String, f64>,
         metrics: PyRef<'_, RequestMetrics>,
         tls: Option<TlsTuple>,
+        tracing: Option<TracingTuple>,
     ) -> PyResult<Self> {
         let get = |key: &str| -> PyResult<f64> {
             limits.get(key).copied().ok_or_else(|| PyValueError::new_err(format!("HttpFront: missing limit {key}")))
@@ -143,6 +178,7 @@ impl HttpFront {
             }
         };
         let metrics = metrics.inner.clone();
+        let tracing = tracing.map(tracing_settings).transpose()?;
         // The runtime is built on its own thread: the upstream client must be made inside it.
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(Arc<Shared>, tokio::runtime::Handle), String>>();
         let thread = std::thread::Builder::new()
@@ -170,6 +206,17 @@ impl HttpFront {
                     };
                     let mut shared = Shared::new(settings, back, Upstream::new(upstream, timeout), metrics, events);
                     shared.tls = terminator;
+                    if let Some(settings) = &tracing {
+                        let started =
+                            Tracing::start(settings, shared.metrics.clone(), tokio::runtime::Handle::current());
+                        match started {
+                            Ok(tracing) => shared.tracing = Some(tracing),
+                            Err(e) => {
+                                let _ = ready_tx.send(Err(e.to_string()));
+                                return;
+                            }
+                        }
+                    }
                     let shared = Arc::new(shared);
                     let _ = ready_tx.send(Ok((shared.clone(), tokio::runtime::Handle::current())));
                     accept_loop(listener, shared, stopped).await;
@@ -316,7 +363,7 @@ impl HttpFront {
     /// Everything the front queued since the last call, oldest first, as tuples:
     /// ("answered", model, count), ("failed", model, kind, status, detail), ("non_finite", model,
     /// outputs), ("ended", model, count), ("log", request_id, trace_id, model, method, path, status,
-    /// duration_ms, reason, client_subject), ("panic", model, message), ("tls_refused", reason,
+    /// duration_ms, reason, client_subject, span_id), ("panic", model, message), ("tls_refused", reason,
     /// client_subject), ("stream_ended", model, reason, events, cause).
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.shared.watchdog.control_seen();
@@ -340,6 +387,7 @@ impl HttpFront {
                     r.duration_ms,
                     r.reason,
                     r.client_subject.as_ref(),
+                    r.span_id,
                 )
                     .into_pyobject(py)?,
                 Event::Panic { model, message } => ("panic", model, message).into_pyobject(py)?,

@@ -98,6 +98,16 @@ impl RequestMetrics {
         self.inner.streams.ended(model, events, outcome);
     }
 
+    /// `n` spans the collector took (Python's exporter; the front's counts on its own).
+    fn spans_exported(&self, n: u64) {
+        self.inner.tracing_spans_exported.add(&[], n);
+    }
+
+    /// `n` spans lost for `reason` (queue_full, export_failed; 0: only make the series).
+    fn spans_dropped(&self, reason: &str, n: u64) {
+        self.inner.tracing_spans_dropped.add(&[reason], n);
+    }
+
     /// Requests counted under (protocol, model, code), 0 when none.
     fn requests(&self, protocol: &str, model: &str, code: &str) -> u64 {
         self.inner.requests.value(&[protocol, model, code]).unwrap_or(0)
@@ -125,6 +135,8 @@ impl RequestMetrics {
             ("connection_timeouts", &m.connection_timeouts),
             ("lingering_ends", &m.lingering_ends),
             ("tls_handshake_failures", &m.tls_handshake_failures),
+            ("tracing_spans_exported", &m.tracing_spans_exported),
+            ("tracing_spans_dropped", &m.tracing_spans_dropped),
         ] {
             out.set_item(name, family.samples())?;
         }

@@ -1,0 +1,545 @@
+//! Tracing on the front (issue 32, docs/tracing.md): one SERVER span per request served on a lane
+//! (infer, generate, generate_stream), made with the OpenTelemetry SDK and exported over OTLP/HTTP
+//! (protobuf) by the SDK's batch processor, as sidecar/tracing/otel.py does for gRPC.
+//!
+//! The span continues the client's W3C `traceparent`/`tracestate` (parent-based sampling when
+//! tracing.parent_based), else starts a trace sampled at tracing.sample_rate. When it is sampled,
+//! Triton gets a `traceparent` whose parent is this span, so Triton's own spans nest under it; when
+//! it is not, the client's own context goes on to Triton as without tracing.
+//!
+//! Export never blocks a request: an ended span waits on a queue of tracing.queue_size spans that
+//! the SDK's worker thread drains in batches; a span that finds it full is dropped at once, and a
+//! batch the collector does not take within tracing.export_timeout_s is lost. Both are counted in
+//! the families Python's exporter counts into (`RequestMetrics::tracing_spans_*`). The exporter
+//! posts through `FrontPoster`, a client on the front's own runtime and hyper stack (no second
+//! HTTP client, no runtime of its own).
+//!
+//! Tracing off (no endpoint) is `Shared::tracing == None`: a request pays one branch, and neither
+//! the SDK's provider nor its worker thread exists.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use opentelemetry::trace::{
+    Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer as _,
+    TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_http::{HttpClient, HttpError};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider, Span, SpanData, SpanExporter,
+    SpanProcessor,
+};
+use opentelemetry_sdk::Resource;
+
+use crate::metrics::request::RequestMetrics;
+use crate::protocol::pytext::cut;
+
+use super::generate::Endpoint;
+use super::upstream::Upstream;
+
+/// The instrumentation scope of every span (sidecar/tracing/otel.py's SCOPE).
+const SCOPE: &str = "triton-sidecar";
+
+/// Events one span records at most: a request has four phases and a stream a few more; the bound
+/// keeps a span's size fixed whatever a stream does.
+const MAX_EVENTS: u32 = 16;
+
+/// The resolved `tracing` section, as Python hands it down (the OTEL_* variables already read
+/// into it by sidecar/config.py: the front reads no environment of its own).
+#[derive(Debug, Clone)]
+pub struct TracingSettings {
+    /// The collector's OTLP/HTTP traces URL (`http://host:port/path`).
+    pub endpoint: String,
+    pub sample_rate: f64,
+    pub parent_based: bool,
+    pub service_name: String,
+    pub service_version: String,
+    pub resource_attributes: Vec<(String, String)>,
+    pub queue_size: usize,
+    pub batch_size: usize,
+    pub export_delay: Duration,
+    pub export_timeout: Duration,
+}
+
+/// Why tracing could not start: a start-up error naming the key.
+#[derive(Debug, thiserror::Error)]
+pub enum TracingError {
+    #[error("tracing.endpoint {0}: the HTTP front posts spans over plain http:// only")]
+    NotHttp(String),
+    #[error("tracing.endpoint: the OTLP exporter refused it: {0}")]
+    Exporter(String),
+}
+
+/// The front's tracer: the SDK's provider (sampler, batch processor, OTLP exporter) and its tracer.
+pub struct Tracing {
+    provider: SdkTracerProvider,
+    tracer: SdkTracer,
+    export_timeout: Duration,
+}
+
+impl Tracing {
+    /// Build the provider for `settings`; `runtime`: the front's runtime, which runs the exporter's
+    /// posts. The batch processor's worker thread starts here.
+    pub fn start(
+        settings: &TracingSettings,
+        metrics: Arc<RequestMetrics>,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Tracing, TracingError> {
+        let rest = settings
+            .endpoint
+            .strip_prefix("http://")
+            .ok_or_else(|| TracingError::NotHttp(settings.endpoint.clone()))?;
+        let authority = rest.split('/').next().unwrap_or(rest).to_owned();
+        // The post's own bound is the export's: a collector that takes the connection and never
+        // answers costs one export_timeout per batch, never a request's time.
+        let poster = FrontPoster { upstream: Arc::new(Upstream::new(authority, settings.export_timeout)), runtime };
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_endpoint(settings.endpoint.clone())
+            .with_timeout(settings.export_timeout)
+            .with_http_client(poster)
+            .build()
+            .map_err(|e| TracingError::Exporter(e.to_string()))?;
+        let pending = Arc::new(AtomicUsize::new(0));
+        for reason in ["queue_full", "export_failed"] {
+            metrics.tracing_spans_dropped.add(&[reason], 0);
+        }
+        let counted = CountedExporter { inner: exporter, pending: pending.clone(), metrics: metrics.clone() };
+        // Every value given: the builder's defaults would read OTEL_BSP_* from the environment.
+        let config = BatchConfigBuilder::default()
+            .with_max_queue_size(settings.queue_size)
+            .with_max_export_batch_size(settings.batch_size.min(settings.queue_size))
+            .with_scheduled_delay(settings.export_delay)
+            .build();
+        let processor = BoundedProcessor {
+            inner: BatchSpanProcessor::new(counted, config),
+            pending,
+            limit: settings.queue_size,
+            metrics,
+        };
+        let ratio = Sampler::TraceIdRatioBased(settings.sample_rate);
+        let sampler = if settings.parent_based { Sampler::ParentBased(Box::new(ratio)) } else { ratio };
+        let mut attributes = vec![
+            KeyValue::new("service.version", settings.service_version.clone()),
+            KeyValue::new("telemetry.sdk.language", "rust"),
+            KeyValue::new("telemetry.sdk.name", "opentelemetry"),
+        ];
+        attributes.extend(settings.resource_attributes.iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())));
+        // builder_empty: Resource::builder() would read OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
+        let resource = Resource::builder_empty()
+            .with_service_name(settings.service_name.clone())
+            .with_attributes(attributes)
+            .build();
+        let provider = SdkTracerProvider::builder()
+            .with_sampler(sampler)
+            .with_resource(resource)
+            .with_span_processor(processor)
+            .build();
+        let tracer = provider.tracer(SCOPE);
+        Ok(Tracing { provider, tracer, export_timeout: settings.export_timeout })
+    }
+
+    /// The span of one request read in full: sampled, or `RequestSpan::OFF`.
+    pub fn request(&self, opened: Opened<'_>) -> RequestSpan {
+        let parent = match opened.traceparent.and_then(remote_context(opened.tracestate)) {
+            Some(remote) => Context::new().with_remote_span_context(remote),
+            None => Context::new(), // a new trace, never an ambient one
+        };
+        let route = opened.endpoint.route();
+        let attributes = vec![
+            KeyValue::new("sidecar.model", opened.model.to_owned()),
+            KeyValue::new("sidecar.request_id", opened.request_id.to_owned()),
+            KeyValue::new("sidecar.protocol", "http"),
+            KeyValue::new("http.request.method", "POST"),
+            KeyValue::new("http.route", route),
+            KeyValue::new("http.request.body.size", opened.body_bytes as i64),
+        ];
+        let span = self
+            .tracer
+            .span_builder(opened.endpoint.span_name())
+            .with_kind(SpanKind::Server)
+            .with_attributes(attributes)
+            .with_start_time(SystemTime::now() - opened.started.elapsed())
+            .start_with_context(&self.tracer, &parent);
+        let context = span.span_context().clone();
+        if !context.is_sampled() {
+            return RequestSpan::OFF; // the client's own context goes on to Triton, as without tracing
+        }
+        let trace_id = context.trace_id().to_string();
+        let span_id = context.span_id().to_string();
+        let traceparent = format!("00-{trace_id}-{span_id}-{:02x}", context.trace_flags().to_u8());
+        let state = context.trace_state().header();
+        RequestSpan(Some(Box::new(Traced {
+            open: Mutex::new(Open { span, mark: Instant::now(), events: 0, ended: false }),
+            trace_id,
+            span_id,
+            traceparent,
+            tracestate: (!state.is_empty()).then_some(state),
+        })))
+    }
+
+    /// Export what is queued (bounded by tracing.export_timeout_s) and stop the worker thread. The
+    /// exporter's posts run on the front's runtime: the wait is on a blocking thread, so that even a
+    /// one-thread runtime goes on running them meanwhile.
+    pub async fn shutdown(&self) {
+        let provider = self.provider.clone();
+        let bound = self.export_timeout;
+        let _ = tokio::task::spawn_blocking(move || provider.shutdown_with_timeout(bound)).await;
+    }
+}
+
+/// What a span is opened with: the client's context, the route, and what the request says.
+pub struct Opened<'a> {
+    pub traceparent: Option<&'a str>,
+    pub tracestate: Option<&'a str>,
+    pub endpoint: Endpoint,
+    pub model: &'a str,
+    pub request_id: &'a str,
+    pub body_bytes: usize,
+    /// When the request's head was read: the span covers the body's reading too.
+    pub started: Instant,
+}
+
+impl Endpoint {
+    /// The route template (http.route).
+    pub fn route(self) -> &'static str {
+        &self.span_name()["POST ".len()..]
+    }
+
+    /// The span's name: the method and the route template, as OpenTelemetry's HTTP conventions say
+    /// (static: nothing to format per request).
+    pub fn span_name(self) -> &'static str {
+        match self {
+            Endpoint::Infer => "POST /v2/models/{model}/infer",
+            Endpoint::Generate => "POST /v2/models/{model}/generate",
+            Endpoint::GenerateStream => "POST /v2/models/{model}/generate_stream",
+        }
+    }
+}
+
+/// A W3C traceparent (version 00's layout; a later version is read the same way, as the spec asks)
+/// as a remote parent, with the client's tracestate; None when it is not valid.
+fn remote_context(tracestate: Option<&str>) -> impl FnOnce(&str) -> Option<SpanContext> + '_ {
+    move |traceparent| {
+        let parts: Vec<&str> = traceparent.trim().split('-').collect();
+        let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        if parts.len() < 4 || !hex(parts[0], 2) || parts[0] == "ff" || (parts[0] == "00" && parts.len() != 4) {
+            return None;
+        }
+        if !hex(parts[1], 32) || !hex(parts[2], 16) || !hex(parts[3], 2) {
+            return None;
+        }
+        let trace_id = TraceId::from_hex(parts[1]).ok()?;
+        let span_id = SpanId::from_hex(parts[2]).ok()?;
+        if trace_id == TraceId::INVALID || span_id == SpanId::INVALID {
+            return None;
+        }
+        let flags = u8::from_str_radix(parts[3], 16).ok()? & TraceFlags::SAMPLED.to_u8();
+        let state = tracestate.and_then(|s| TraceState::from_str(s).ok()).unwrap_or_default();
+        Some(SpanContext::new(trace_id, span_id, TraceFlags::new(flags), true, state))
+    }
+}
+
+/// One request's span while it is served: None when tracing is off or the request not sampled.
+/// Written through `&self` (events, the end) from the request's task; the lock is never contended.
+pub struct RequestSpan(Option<Box<Traced>>);
+
+struct Traced {
+    open: Mutex<Open>,
+    trace_id: String,
+    span_id: String,
+    /// What Triton gets: this span as the parent.
+    traceparent: String,
+    tracestate: Option<String>,
+}
+
+struct Open {
+    span: Span,
+    /// When the last phase ended (an event's sidecar.duration_ms counts from here).
+    mark: Instant,
+    events: u32,
+    ended: bool,
+}
+
+impl RequestSpan {
+    pub const OFF: RequestSpan = RequestSpan(None);
+
+    /// The request's span when the front traces (`shared.tracing`): one branch when it does not.
+    #[inline]
+    pub fn open(tracing: Option<&Tracing>, opened: Opened<'_>) -> RequestSpan {
+        match tracing {
+            None => RequestSpan::OFF,
+            Some(tracing) => tracing.request(opened),
+        }
+    }
+
+    /// (trace id for the log, traceparent and tracestate for Triton): the span's when it is sampled,
+    /// else the client's as it sent them. `client_trace_id`: the id the log keeps without a span.
+    pub fn upstream_context(
+        &self,
+        client_trace_id: String,
+        traceparent: Option<&str>,
+        tracestate: Option<&str>,
+    ) -> (String, Option<String>, Option<String>) {
+        match &self.0 {
+            None => (client_trace_id, traceparent.map(str::to_owned), tracestate.map(str::to_owned)),
+            Some(t) => (t.trace_id.clone(), Some(t.traceparent.clone()), t.tracestate.clone()),
+        }
+    }
+
+    /// The span id for the access log; "" when untraced.
+    #[inline]
+    pub fn span_id(&self) -> String {
+        self.0.as_ref().map_or_else(String::new, |t| t.span_id.clone())
+    }
+
+    /// A phase of the request ended now: an event `name` with its duration in milliseconds (since
+    /// the span began or the last phase ended).
+    #[inline]
+    pub fn phase(&self, name: &'static str) {
+        self.with(|open| {
+            let now = Instant::now();
+            let ms = (now - open.mark).as_secs_f64() * 1000.0;
+            open.mark = now;
+            add_event(open, name, vec![KeyValue::new("sidecar.duration_ms", ms)]);
+        });
+    }
+
+    /// A moment inside the span with its attributes (made only when the span records).
+    #[inline]
+    pub fn event(&self, name: &'static str, attributes: impl FnOnce() -> Vec<KeyValue>) {
+        self.with(|open| add_event(open, name, attributes()));
+    }
+
+    /// End the span with the request's outcome: HTTP status, refusal reason ("" for none), bytes
+    /// sent. A refusal, or a 5xx, is an error whose description is `[reason] message`, the message
+    /// the client got (`message` is called only then).
+    #[inline]
+    pub fn end(&self, status: u16, reason: &str, message: impl FnOnce() -> String, bytes_out: u64) {
+        self.with(|open| {
+            if open.ended {
+                return;
+            }
+            let span = &mut open.span;
+            span.set_attribute(KeyValue::new("http.response.status_code", i64::from(status)));
+            span.set_attribute(KeyValue::new("sidecar.status", status.to_string()));
+            span.set_attribute(KeyValue::new("http.response.body.size", bytes_out as i64));
+            if !reason.is_empty() {
+                span.set_attribute(KeyValue::new("sidecar.refusal.reason", reason.to_owned()));
+            }
+            if !reason.is_empty() || status >= 500 {
+                let label = if reason.is_empty() { "error" } else { reason };
+                span.set_status(Status::error(cut(&format!("[{label}] {}", message()), 500)));
+            }
+            span.end();
+            open.ended = true;
+        });
+    }
+
+    fn with(&self, write: impl FnOnce(&mut Open)) {
+        if let Some(traced) = &self.0 {
+            if let Ok(mut open) = traced.open.lock() {
+                write(&mut open);
+            }
+        }
+    }
+}
+
+fn add_event(open: &mut Open, name: &'static str, attributes: Vec<KeyValue>) {
+    if open.events < MAX_EVENTS && !open.ended {
+        open.span.add_event(name, attributes);
+        open.events += 1;
+    }
+}
+
+impl Drop for RequestSpan {
+    /// A span dropped before its end: the request's task was aborted because its client left (the
+    /// front counts it 499), or its handling panicked (500).
+    fn drop(&mut self) {
+        if self.0.is_none() {
+            return; // untraced: one branch, as everywhere else
+        }
+        let (status, reason, message) = if std::thread::panicking() {
+            (500, "internal_error", "the sidecar failed to handle this request; it was logged")
+        } else {
+            (499, "client_disconnected", "client closed the connection while Triton was answering")
+        };
+        self.end(status, reason, || message.to_owned(), 0);
+    }
+}
+
+/// The batch processor behind a gate of tracing.queue_size spans waiting for export: a span past it
+/// is dropped here and counted (the SDK's own full queue drops silently), so the SDK's queue, of
+/// the same size, never fills and never blocks.
+struct BoundedProcessor {
+    inner: BatchSpanProcessor,
+    /// Spans handed on and not yet taken by an export (`CountedExporter` takes them off).
+    pending: Arc<AtomicUsize>,
+    limit: usize,
+    metrics: Arc<RequestMetrics>,
+}
+
+impl fmt::Debug for BoundedProcessor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BoundedProcessor").field("limit", &self.limit).finish()
+    }
+}
+
+impl SpanProcessor for BoundedProcessor {
+    fn on_start(&self, span: &mut Span, cx: &Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        if self.pending.fetch_add(1, Ordering::AcqRel) >= self.limit {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            self.metrics.tracing_spans_dropped.inc(&["queue_full"]);
+            return;
+        }
+        self.inner.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The OTLP exporter, with every span the collector took or did not take counted.
+struct CountedExporter {
+    inner: opentelemetry_otlp::SpanExporter,
+    pending: Arc<AtomicUsize>,
+    metrics: Arc<RequestMetrics>,
+}
+
+impl fmt::Debug for CountedExporter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CountedExporter")
+    }
+}
+
+impl SpanExporter for CountedExporter {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let n = batch.len();
+        // Out of the queue now: room for as many new spans while this batch is posted.
+        self.pending.fetch_sub(n, Ordering::AcqRel);
+        let result = self.inner.export(batch).await;
+        match &result {
+            Ok(()) => self.metrics.tracing_spans_exported.add(&[], n as u64),
+            Err(_) => self.metrics.tracing_spans_dropped.add(&["export_failed"], n as u64),
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The exporter's HTTP client: each post runs on the front's runtime through `Upstream` (hyper,
+/// keep-alive, bounded by tracing.export_timeout_s), awaited from the SDK's worker thread.
+struct FrontPoster {
+    upstream: Arc<Upstream>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl fmt::Debug for FrontPoster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FrontPoster")
+    }
+}
+
+#[async_trait::async_trait]
+impl HttpClient for FrontPoster {
+    async fn send_bytes(&self, request: hyper::Request<Bytes>) -> Result<hyper::Response<Bytes>, HttpError> {
+        let (parts, body) = request.into_parts();
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+        let headers: Vec<(String, String)> = parts
+            .headers
+            .iter()
+            .filter_map(|(name, value)| Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned())))
+            .collect();
+        let upstream = self.upstream.clone();
+        let call = self.runtime.spawn(async move {
+            let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+            upstream.send(parts.method.as_str(), &path, &headers, body).await
+        });
+        let (status, headers, body) = match call.await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(failure)) => return Err(format!("the collector gave no answer: {failure:?}").into()),
+            Err(e) => return Err(format!("the export's task ended: {e}").into()),
+        };
+        let mut response = hyper::Response::builder().status(status);
+        for (name, value) in &headers {
+            response = response.header(name, value);
+        }
+        Ok(response.body(body)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_valid_traceparent_is_a_remote_parent_with_its_flags_and_state() {
+        let read = remote_context(Some("vendor=kept"))("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+        let context = read.expect("valid");
+        assert_eq!(context.trace_id().to_string(), "0af7651916cd43dd8448eb211c80319c");
+        assert_eq!(context.span_id().to_string(), "b7ad6b7169203331");
+        assert!(context.is_sampled() && context.is_remote());
+        assert_eq!(context.trace_state().header(), "vendor=kept");
+        let unsampled = remote_context(None)("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00");
+        assert!(!unsampled.expect("valid").is_sampled());
+    }
+
+    #[test]
+    fn an_invalid_traceparent_is_no_parent() {
+        for bad in [
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+            "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",
+            "garbage",
+        ] {
+            assert!(remote_context(None)(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tracing_off_opens_no_span() {
+        let opened = Opened {
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            tracestate: None,
+            endpoint: Endpoint::Infer,
+            model: "m",
+            request_id: "r",
+            body_bytes: 0,
+            started: Instant::now(),
+        };
+        let span = RequestSpan::open(None, opened);
+        assert!(span.0.is_none());
+        let (trace_id, parent, state) = span.upstream_context("client".into(), Some("tp"), Some("ts"));
+        assert_eq!((trace_id.as_str(), parent.as_deref(), state.as_deref()), ("client", Some("tp"), Some("ts")));
+        assert_eq!(span.span_id(), "");
+    }
+}
