@@ -18,12 +18,14 @@ from structlog.testing import capture_logs
 
 from sidecar.fronts.appkeys import LIFECYCLE
 from sidecar.fronts.grpc_server import GrpcInferExchange
+from sidecar.fronts.http_front import HttpFront
 from sidecar.fronts.http_routes import HttpInferExchange
 from sidecar.metrics import SidecarMetrics
 from sidecar.serving.lifecycle import Lifecycle
 from sidecar.serving.refusals import Reason, Refusal
 from sidecar.serving.request import RequestWrapper
 from sidecar.serving.telemetry import GRPC, HTTP, RequestTelemetry
+from tests.harness import wait_for
 from tests.proxy_support import credit_json, features, proxy_config, started_and_healthy
 from tests.test_grpc import _credit_request, _raw_call, grpc_config
 
@@ -105,24 +107,44 @@ async def test_an_exception_after_the_answer_began_is_logged_counted_and_cuts_th
 
 async def test_an_unexpected_error_is_500_json_on_both_http_paths_logged_and_counted(triton, start, monkeypatch):
     sidecar = await started_and_healthy(start, proxy_config(triton, models=["credit_risk"]))
+    front = sidecar.server
+    rust = isinstance(front, HttpFront)
+    if rust:
+        # The fast path is the Rust front's lane: a panic injected on the real request path there,
+        # the Python chain's bug behind it for the request it forwards.
+        await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 10, what="credit_risk a lane")
+        front.panic_next("credit_risk")
     monkeypatch.setattr(HttpInferExchange, "validate", _boom)
-    fast_before = sidecar.server.fast_requests
+    fast_before = front.fast_requests
+
+    def crashes() -> list[dict]:
+        return [e for e in logs if e["event"] == "proxy_internal_error"]
+
     with capture_logs() as logs:
-        for query in ("", "?via=aiohttp"):  # the fast listener, then the aiohttp route
+        for query in ("", "?via=aiohttp"):  # the fast path, then the aiohttp route
             async with sidecar.session.post(sidecar.url + CREDIT + query, json=credit_json(),
                                             headers={"X-Request-ID": f"boom{query[-7:]}"}) as r:
                 body = json.loads(await r.read())
                 assert r.status == 500 and r.headers["Content-Type"].startswith("application/json"), body
                 assert body["reason"] == "internal_error" and body["model"] == "credit_risk"
                 assert r.headers["X-Request-ID"] == f"boom{query[-7:]}"
-    assert sidecar.server.fast_requests == fast_before + 1
-    crashes = [e for e in logs if e["event"] == "proxy_internal_error"]
-    assert len(crashes) == 2 and all(isinstance(e["exc_info"], RuntimeError) for e in crashes)
-    assert all(e["exc_info"].__traceback__ is not None and e["model"] == "credit_risk" for e in crashes)
+        # The front's panic reaches the log through Python's loop, just after its answer.
+        await wait_for(lambda: len(crashes()) == 2, 5, what="both failures logged")
+    assert front.fast_requests == fast_before + 1
+    assert all(e["model"] == "credit_risk" for e in crashes())
+    python_crashes = [e for e in crashes() if "exc_info" in e]
+    assert all(isinstance(e["exc_info"], RuntimeError) and e["exc_info"].__traceback__ is not None
+               for e in python_crashes)
+    if rust:  # one each: the lane's panic, logged with its message, and the Python chain's exception
+        assert len(python_crashes) == 1
+        assert [e["cause"] for e in crashes() if "exc_info" not in e] == [
+            "fault injected by HttpFront.panic_next(\"credit_risk\")"]
+    else:
+        assert len(python_crashes) == 2
     assert sidecar.metric("triton_sidecar_proxy_internal_errors_total", protocol="http", model="credit_risk") == 2
     assert sidecar.metric("triton_sidecar_proxy_requests_total", protocol="http", model="credit_risk",
                           code="500") == 2
-    assert sidecar.app[LIFECYCLE].in_flight == 0
+    assert sidecar.app[LIFECYCLE].in_flight == 0 and (not rust or front.in_flight == 0)
     monkeypatch.undo()
     async with sidecar.session.post(sidecar.url + CREDIT, json=credit_json()) as r:
         assert r.status == 200, "the connection and the sidecar serve on after a bug"

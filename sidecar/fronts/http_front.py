@@ -201,6 +201,12 @@ class HttpFront:
         assert self._native is not None
         self._native.stall_runtime(seconds)
 
+    def panic_next(self, model: str) -> None:
+        """Fault injection (tests, drills): the next request the front serves to `model` panics in
+        its task, which must end that request alone with 500 internal_error."""
+        assert self._native is not None
+        self._native.panic_next(model)
+
     async def close(self) -> None:
         """Stop accepting; requests in flight on the front finish (bounded by proxy.upstream_timeout_s),
         then the Python listener behind it closes."""

@@ -355,9 +355,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                     let reply = match joined {
                         Ok(reply) => reply,
                         Err(e) => {
-                            let message = panic_message(e);
-                            shared.metrics.internal_errors.inc(&["http", &model]);
-                            shared.events.push(Event::Panic { model: model.clone(), message });
+                            count_panic(&shared, &model, e);
                             let reply = refusal("internal_error", 500, "the sidecar failed to handle this request; \
                                                  it was logged", &model, &[]);
                             shared.metrics.finish("http", &model, "500", started.elapsed().as_secs_f64());
@@ -733,6 +731,15 @@ fn write_name(name: &str, out: &mut Vec<u8>) {
         out.push(if upper { b.to_ascii_uppercase() } else { b });
         upper = b == b'-';
     }
+}
+
+/// A request whose task panicked: counted as an internal error and as a request the front served
+/// (its 500 or its cut stream is the front's answer), its message sent up for the log.
+pub(super) fn count_panic(shared: &super::Shared, model: &str, e: tokio::task::JoinError) {
+    let message = panic_message(e);
+    shared.metrics.internal_errors.inc(&["http", model]);
+    shared.fast_requests.fetch_add(1, Ordering::Relaxed);
+    shared.events.push(Event::Panic { model: model.to_owned(), message });
 }
 
 pub(super) fn panic_message(e: tokio::task::JoinError) -> String {

@@ -117,6 +117,7 @@ pub(super) fn non_finite_message(model: &str, outputs: &[String]) -> String {
 async fn answer(shared: &Shared, request: &Infer) -> Reply {
     let model = request.model.as_str();
     let lane = &request.lane;
+    shared.injected_panic.strike(model);
     lane::routed(shared, request);
     let checked = check_generate_request(&lane.spec, &lane.generate, &request.body);
     request.span.phase("validation");

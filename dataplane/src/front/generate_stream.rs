@@ -537,9 +537,7 @@ where
         Ok(()) => false, // ended without an answer: only when the connection went away
         Err(e) => {
             let shared = at.shared;
-            let message = super::connection::panic_message(e);
-            shared.metrics.internal_errors.inc(&["http", at.model]);
-            shared.events.push(Event::Panic { model: at.model.to_owned(), message });
+            super::connection::count_panic(shared, at.model, e);
             let seconds = at.started.elapsed().as_secs_f64();
             if began {
                 // The status is sent: the stream can only be cut (the client sees no last chunk).

@@ -88,6 +88,7 @@ pub(super) fn sample(rate: f64) -> bool {
 async fn answer(shared: &Shared, request: &Infer) -> Reply {
     let model = request.model.as_str();
     let lane = &request.lane;
+    shared.injected_panic.strike(model);
     routed(shared, request);
     let hidden = |name: &str| lane.is_hidden(name);
     let checked = validate_infer_request(&lane.spec, &request.body, request.header_length, &hidden);

@@ -27,8 +27,8 @@ pub mod upstream;
 pub mod watchdog;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -67,6 +67,45 @@ pub struct Shared {
     pub in_flight: AtomicUsize,
     /// Liveness of the runtime and of the control plane, each read by the other half.
     pub watchdog: Watchdog,
+    /// Fault injection: a panic armed for a model's next lane request.
+    pub injected_panic: InjectedPanic,
+}
+
+/// Fault injection for tests and drills (`HttpFront.panic_next`): the next lane request to one
+/// model panics inside its task, so the per-request catch (500 `internal_error`, counted, logged
+/// with the message, the process and the connection unharmed) is proven on the real path. Unarmed,
+/// a request pays one relaxed load.
+#[derive(Default)]
+pub struct InjectedPanic {
+    armed: AtomicBool,
+    model: Mutex<Option<String>>,
+}
+
+impl InjectedPanic {
+    pub fn arm(&self, model: String) {
+        if let Ok(mut armed) = self.model.lock() {
+            *armed = Some(model);
+            self.armed.store(true, Ordering::Release);
+        }
+    }
+
+    /// Panic here when armed for `model` (once).
+    pub fn strike(&self, model: &str) {
+        if !self.armed.load(Ordering::Acquire) {
+            return;
+        }
+        let hit = match self.model.lock() {
+            Ok(mut armed) if armed.as_deref() == Some(model) => {
+                *armed = None;
+                self.armed.store(false, Ordering::Release);
+                true
+            }
+            _ => false,
+        };
+        if hit {
+            panic!("fault injected by HttpFront.panic_next({model:?})");
+        }
+    }
 }
 
 impl Shared {
@@ -96,6 +135,7 @@ impl Shared {
             fast_requests: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             watchdog: Watchdog::default(),
+            injected_panic: InjectedPanic::default(),
         }
     }
 

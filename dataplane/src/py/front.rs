@@ -311,6 +311,12 @@ impl HttpFront {
         Ok(())
     }
 
+    /// Fault injection for tests and drills: the next request the front serves to `model` panics
+    /// inside its task (answered 500 internal_error, counted and logged; nothing else harmed).
+    fn panic_next(&self, model: String) {
+        self.shared.injected_panic.arm(model);
+    }
+
     /// Swap in the state requests read. `lanes`: (model, spec, hidden outputs or None, check
     /// non-finite, generate limits, generation.idle_timeout_s, [(version, spec, hidden outputs or
     /// None)]); `ended`: (model, status, JSON body, Retry-After or None, reason label, the streams'
