@@ -1,7 +1,7 @@
 """The data plane at Envoy's cost (issue 18): direct Triton, the sidecar, a plain Envoy and nginx, side
 by side in one run against one Triton, for HTTP, gRPC and streams.
 
-    .venv/bin/python -m bench.dataplane [--rounds 1] [--duration 2] [--streams 10] [--profile 0] [--front rust]
+    .venv/bin/python -m bench.dataplane [--rounds 1] [--duration 2] [--streams 10] [--profile 0] [--front python]
 
 Legs (every request correct first: scores right, income_prob dropped by the sidecar only):
 - `direct`: Triton's own HTTP and gRPC ports;
@@ -388,8 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=10, help="streams per leg, wire and round (default 10)")
     parser.add_argument("--words", type=int, default=50, help="events per stream (default 50)")
     parser.add_argument("--delay-ms", type=float, default=2, help="text_echo's time per event (default 2 ms)")
-    parser.add_argument("--front", choices=["python", "rust"], default="python",
-                        help="what serves the sidecar's listen.port (listen.front; default python)")
+    parser.add_argument("--front", choices=["python", "rust"], default="rust",
+                        help="what serves the sidecar's listen.port (listen.front; default rust, the shipped default)")
     return run_overhead_benchmark("dataplane", parser.parse_args(argv), measure, verdicts, markdown)
 
 

@@ -174,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds of py-spy on the sidecar at 10 models, if installed (default 30; 0: none)")
     parser.add_argument("--cycle-seconds", type=float, default=60.0,
                         help="probe-cycle timing at the largest count (default 60; 0 skips it)")
-    parser.add_argument("--front", choices=("python", "rust"), default="python",
-                        help="what serves listen.port (listen.front; default python)")
+    parser.add_argument("--front", choices=("python", "rust"), default="rust",
+                        help="what serves listen.port (listen.front; default rust, the shipped default)")
     parser.add_argument("--grpc", action="store_true",
                         help="with the gRPC front on, as the shipped default (listen.grpc_port 8081)")
     args = parser.parse_args(argv)

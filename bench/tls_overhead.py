@@ -187,9 +187,9 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = overhead_parser("python -m bench.tls_overhead", __doc__, duration_type=int)
-    parser.add_argument("--front", choices=("python", "rust"), default="python",
+    parser.add_argument("--front", choices=("python", "rust"), default="rust",
                         help="what serves the sidecars' listen.port (listen.front); rust also puts Envoy straight "
-                             "in front of Triton, issue 30's comparison (default python)")
+                             "in front of Triton, issue 30's comparison (default rust, the shipped default)")
     args = parser.parse_args(argv)
     return run_overhead_benchmark("tls_overhead", args, measure, verdicts, markdown)
 

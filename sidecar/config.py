@@ -66,12 +66,14 @@ class ListenSection:
     #: Python front the sidecar serves on asyncio's loop whatever this says (sidecar/cli/run.py:
     #: event_loop_of).
     event_loop: str = "uvloop"
-    #: What serves listen.port: "python" (the httptools listener and aiohttp, sidecar/fronts/
-    #: http_listener.py) or "rust" (the data plane's front, sidecar/fronts/http_front.py: infer to a
-    #: trusted model served without Python, everything else handed to the Python listener behind it
-    #: on loopback). Either terminates TLS (tls.*): the Rust front with rustls, the same files,
-    #: rotation, mutual TLS and handshake-failure reasons.
-    front: str = "python"
+    #: What serves listen.port: "rust" (the data plane's front, sidecar/fronts/http_front.py: infer,
+    #: generate and streams to a trusted model and the health endpoints served without Python,
+    #: everything else handed to the Python listener behind it on loopback; the default since the
+    #: whole suite passes against it) or "python" (the httptools listener and aiohttp alone,
+    #: sidecar/fronts/http_listener.py; an escape hatch until it is deleted). Either terminates TLS
+    #: (tls.*): the Rust front with rustls, the same files, rotation, mutual TLS and
+    #: handshake-failure reasons.
+    front: str = "rust"
     #: Threads of the Rust front's runtime (listen.front: rust). 1 serves a few thousand requests a
     #: second on one core (Envoy's --concurrency 1); raise it only with the pod's CPU limit above
     #: 2 cores, since Triton shares them.

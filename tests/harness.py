@@ -158,8 +158,8 @@ def sidecar_config(server: LocalTriton, /, *, models: list[str], golden_dir: Pat
         triton=replace(base.triton, url=server.url, metrics_url=server.metrics_url,
                        grpc_url=f"127.0.0.1:{server.ports.grpc}"),
         # No gRPC front unless a test asks for one (with a free port): tests run many sidecars.
-        # SIDECAR_TEST_FRONT=rust runs a suite against the data plane's front (.ci/run does, for the
-        # listener's modules); python by default.
+        # SIDECAR_TEST_FRONT=python runs a suite against the Python listener alone (make test does,
+        # for the listener's modules); the configured default (rust, the data plane's front) else.
         listen=replace(base.listen, host="127.0.0.1", port=0, grpc_port=0,
                        front=os.environ.get("SIDECAR_TEST_FRONT", base.listen.front)),
         models=tuple(models),

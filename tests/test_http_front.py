@@ -3,9 +3,9 @@ shared Triton: infer to a trusted model is served without entering Python's requ
 equal the Python chain's, the front's passive signals reach the health loop, and what the front does
 not serve is handed to the Python app behind it; generate and generate_stream to a trusted model are
 served by the front too, the stream relayed event by event, and so are requests pinned to a version
-of it. The listener's bounds are the same tests as the Python listener's: make test runs
-test_http_limits, test_http_listener, test_proxy, test_generate, test_generation and test_versions
-again with SIDECAR_TEST_FRONT=rust."""
+of it. The listener's bounds are the same tests as the Python listener's: the suite runs against the
+front (the default), and make test runs test_http_limits, test_http_listener, test_proxy,
+test_generate, test_generation, test_versions and test_tls again with SIDECAR_TEST_FRONT=python."""
 
 from __future__ import annotations
 

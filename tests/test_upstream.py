@@ -34,7 +34,7 @@ CREDIT = "/v2/models/credit_risk/infer"
 
 def _carrying_pool(sidecar: RunningSidecar) -> UpstreamPool | UpstreamStats:
     """The pool that carries the sidecar's infers to Triton: the Rust front's own when it serves
-    listen.port (SIDECAR_TEST_FRONT=rust), else sidecar.upstream's; both count alike."""
+    listen.port (the default), else sidecar.upstream's (SIDECAR_TEST_FRONT=python); both count alike."""
     return sidecar.server.upstream if isinstance(sidecar.server, HttpFront) else sidecar.app[UPSTREAM_POOL]
 
 

@@ -2,7 +2,7 @@
 and a broken version is quarantined for the requests that reach it (explicitly, or unversioned
 ones Triton routes to it) while the other version keeps answering; a heal reloads the model.
 A pinned version (path `/versions/N`, header `x-model-version`) is answered by that version and
-counted as pinned; on the Rust front (SIDECAR_TEST_FRONT=rust) without entering Python once its
+counted as pinned; on the Rust front (the default) without entering Python once its
 spec is fetched, with the same refusals."""
 
 from __future__ import annotations
