@@ -24,7 +24,7 @@ from sidecar.app.factory import create_app
 from sidecar.cli.run import loop_factory
 from sidecar.config import FilterRule, SidecarConfig
 from sidecar.devtools.tritonserver import LocalTriton
-from sidecar.fronts.http_front import http_server
+from sidecar.fronts.http_front import HttpFront, http_server
 from sidecar.golden.cases import load_golden_dir
 from sidecar.states import ModelState
 from tests.harness import GOLDEN, RunningSidecar, sidecar_config, start_sidecar, stop_sidecar, wait_for
@@ -44,6 +44,9 @@ async def started_and_healthy(start, config: SidecarConfig, timeout: float = 30)
     sidecar = await start(config)
     for model in config.models:
         await wait_for(lambda m=model: sidecar.state(m) is ModelState.HEALTHY, timeout, what=f"{model} HEALTHY")
+    front = sidecar.server
+    if isinstance(front, HttpFront):  # and served by the front from the first request on
+        await wait_for(lambda: front.settled, timeout, what="the front's lanes published")
     return sidecar
 
 

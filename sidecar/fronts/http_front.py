@@ -192,6 +192,12 @@ class HttpFront:
         return UpstreamStats(self._native)
 
     @property
+    def settled(self) -> bool:
+        """No spec fetch for a would-be lane is in flight: every trusted model the front can serve
+        is published as a lane (tests wait for this before counting what the front served)."""
+        return not self._warming
+
+    @property
     def control_silent_for(self) -> float:
         """Seconds since this loop last touched the front (its watchdog of the control plane)."""
         return self._native.control_silent_for if self._native is not None else 0.0

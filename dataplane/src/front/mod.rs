@@ -150,6 +150,22 @@ pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: w
     let beating = shared.clone();
     let beat_stop = stop.clone();
     tokio::spawn(async move { beating.watchdog.beat(beat_stop).await });
+    let sweeping = shared.clone();
+    let mut sweep_stop = stop.clone();
+    tokio::spawn(async move {
+        // Idle pooled connections (to Triton, to the Python app) close once past their bound.
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = every.tick() => {
+                    sweeping.upstream.sweep_idle();
+                    sweeping.back_pool.sweep_idle();
+                }
+                _ = sweep_stop.wait_for(|stopped| *stopped) => return,
+            }
+        }
+    });
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -50,8 +50,11 @@ impl Drop for OpenConnection {
     }
 }
 
-/// Idle connections kept at most (more are closed when they come back).
-const MAX_IDLE: usize = 256;
+/// Idle connections kept at most (more are closed when they come back), and how long one is kept
+/// idle before it is closed: sidecar.upstream's bounds, so a burst's connections do not stay open
+/// for ever once traffic stops (Triton's descriptors, and the soak's count of the sidecar's).
+const MAX_IDLE: usize = 64;
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Why a call gave no answer (sidecar.serving.refusals.FailureKind).
 #[derive(Debug)]
@@ -66,6 +69,8 @@ pub enum Failure {
 struct Pooled {
     sender: SendRequest<Full<Bytes>>,
     task: AbortHandle,
+    /// When it last went back to the pool.
+    idle_since: Instant,
 }
 
 pub struct Answer {
@@ -100,19 +105,35 @@ impl Upstream {
     fn take_idle(&self) -> Option<Pooled> {
         let mut idle = self.idle.lock().ok()?;
         while let Some(pooled) = idle.pop() {
-            if !pooled.sender.is_closed() {
+            if !pooled.sender.is_closed() && pooled.idle_since.elapsed() < IDLE_TIMEOUT {
                 return Some(pooled);
             }
+            pooled.task.abort();
         }
         None
     }
 
-    fn put_idle(&self, pooled: Pooled) {
+    fn put_idle(&self, mut pooled: Pooled) {
         if let Ok(mut idle) = self.idle.lock() {
             if idle.len() < MAX_IDLE {
+                pooled.idle_since = Instant::now();
                 idle.push(pooled);
+                return;
             }
         }
+        pooled.task.abort();
+    }
+
+    /// Close the connections idle for longer than IDLE_TIMEOUT (or closed by the other side); the
+    /// front calls it every second, so they close when traffic stops, not at the next request.
+    pub fn sweep_idle(&self) {
+        let Ok(mut idle) = self.idle.lock() else { return };
+        // Oldest first: connections go back at the end.
+        let stale = idle.iter().take_while(|p| p.sender.is_closed() || p.idle_since.elapsed() >= IDLE_TIMEOUT).count();
+        for pooled in idle.drain(..stale) {
+            pooled.task.abort();
+        }
+        idle.retain(|p| !p.sender.is_closed());
     }
 
     async fn connect(&self) -> Result<Pooled, Failure> {
@@ -128,7 +149,7 @@ impl Upstream {
             let _counted = counted;
             let _ = connection.await;
         });
-        Ok(Pooled { sender, task: task.abort_handle() })
+        Ok(Pooled { sender, task: task.abort_handle(), idle_since: Instant::now() })
     }
 
     /// A connection ready for a request: an idle one (ready once its task has seen the last answer
