@@ -149,22 +149,18 @@ impl Shared {
 pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let beating = shared.clone();
     let beat_stop = stop.clone();
-    tokio::spawn(async move { beating.watchdog.beat(beat_stop).await });
-    let sweeping = shared.clone();
-    let mut sweep_stop = stop.clone();
     tokio::spawn(async move {
-        // Idle pooled connections (to Triton, to the Python app) close once past their bound.
-        let mut every = tokio::time::interval(Duration::from_secs(1));
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = every.tick() => {
-                    sweeping.upstream.sweep_idle();
-                    sweeping.back_pool.sweep_idle();
-                }
-                _ = sweep_stop.wait_for(|stopped| *stopped) => return,
+        // Each second, idle pooled connections (to Triton, to the Python app) past their bound close.
+        let mut beats = 0u32;
+        let pools = beating.clone();
+        let chores = move || {
+            beats = beats.wrapping_add(1);
+            if beats % 4 == 0 {
+                pools.upstream.sweep_idle();
+                pools.back_pool.sweep_idle();
             }
-        }
+        };
+        beating.watchdog.beat(beat_stop, chores).await
     });
     loop {
         let accepted = tokio::select! {

@@ -59,12 +59,17 @@ impl Watchdog {
     }
 
     /// Beat on the runtime until the front stops.
-    pub async fn beat(&self, mut stop: watch::Receiver<bool>) {
+    /// Beat until `stop`; `chores` runs at each beat too (the front's housekeeping, so an idle
+    /// front wakes for one timer only).
+    pub async fn beat(&self, mut stop: watch::Receiver<bool>, mut chores: impl FnMut()) {
         let mut every = tokio::time::interval(BEAT);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = every.tick() => self.runtime_beat.store(self.now_ms(), Ordering::Relaxed),
+                _ = every.tick() => {
+                    self.runtime_beat.store(self.now_ms(), Ordering::Relaxed);
+                    chores();
+                }
                 _ = stop.wait_for(|stopped| *stopped) => return,
             }
         }
