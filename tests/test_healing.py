@@ -181,8 +181,10 @@ async def test_an_unexpected_exception_inside_a_heal_is_logged_counted_and_retri
 
 #: The probe settings of issue 12: a timeout shorter than the ~1 s Triton takes to declare a stub dead.
 ISSUE_12_PROBES = {"interval_s": 0.5, "failure_threshold": 2, "timeout_s": 1.0}
-#: Recovery bound: interval × threshold + the model's load time + this.
-RECOVERY_SLACK_S = 1.5
+#: Recovery bound: interval × threshold + the model's load time + this, i.e. 3 s + the load at these
+#: probe settings: the recovery target (docs/performance.md, "≤ 3 s + load"). At 1.5 s the test was
+#: stricter than the target and missed it by 10 ms once on a loaded 2-core CI machine.
+RECOVERY_SLACK_S = 2.0
 
 
 @pytest.mark.parametrize("timeout_s", [1.0, 0.3])
