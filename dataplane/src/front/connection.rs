@@ -478,7 +478,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         self.buf.advance(head.length);
         let shared = self.shared.clone();
         let request_id = request_id(head.get("x-request-id"));
-        let trace_id = trace_id(head.get("traceparent"));
         let keep_alive = head.keep_alive();
         let reply = Reply {
             status: canned.status,
@@ -492,23 +491,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             shared.metrics.rejections.inc(&["http", SERVER_LABEL, &canned.reason]);
         }
         let seconds = started.elapsed().as_secs_f64();
-        shared.metrics.finish("http", SERVER_LABEL, &canned.status.to_string(), seconds);
-        shared.fast_requests.fetch_add(1, Ordering::Relaxed);
-        let rate = shared.settings.access_log_sample_rate;
-        if !canned.reason.is_empty() || rate >= 1.0 || (rate > 0.0 && super::lane::sample(rate)) {
-            shared.events.push(Event::Log(AccessRecord {
+        super::lane::count_answered(&shared, SERVER_LABEL, canned.status, &canned.reason, seconds, |duration_ms| {
+            AccessRecord {
                 request_id: request_id.clone(),
-                trace_id,
+                trace_id: trace_id(head.get("traceparent")),
                 span_id: String::new(),
                 model: SERVER_LABEL.to_owned(),
                 method: head.method.clone(),
                 path: cut(&head.path, 200),
                 status: canned.status,
-                duration_ms: (seconds * 100_000.0).round() / 100.0,
+                duration_ms,
                 reason: canned.reason.clone(),
                 client_subject: self.client_subject.clone(),
-            }));
-        }
+            }
+        });
         self.write_answer(&encode(&reply, &request_id, keep_alive), keep_alive).await
     }
 

@@ -60,28 +60,41 @@ pub fn finish(shared: &Shared, request: &Infer, reply: &Reply) {
 /// `finish` for an answer given as its status and refusal reason ("" for none): a stream's.
 pub fn finish_status(shared: &Shared, request: &Infer, status: u16, reason: &str) {
     let seconds = request.started.elapsed().as_secs_f64();
-    let code = status.to_string();
-    shared.metrics.finish("http", &request.model, &code, seconds);
+    count_answered(shared, &request.model, status, reason, seconds, |duration_ms| AccessRecord {
+        request_id: request.request_id.clone(),
+        trace_id: request.trace_id.clone(),
+        span_id: request.span.span_id(),
+        model: request.model.clone(),
+        method: "POST".to_owned(),
+        path: cut(&request.path, 200),
+        status,
+        duration_ms,
+        reason: reason.to_owned(),
+        client_subject: request.client_subject.clone(),
+    });
+}
+
+/// Count one request the front answered (sidecar.serving.telemetry.RequestTelemetry.finish) and
+/// send up its access-log line when it failed or is sampled; `record` (given the duration in ms)
+/// is built only for a line that is written.
+pub(super) fn count_answered(
+    shared: &Shared,
+    model: &str,
+    status: u16,
+    reason: &str,
+    seconds: f64,
+    record: impl FnOnce(f64) -> AccessRecord,
+) {
+    shared.metrics.finish("http", model, &status.to_string(), seconds);
     shared.fast_requests.fetch_add(1, Ordering::Relaxed);
     let failed = status >= 400 || !reason.is_empty();
     let rate = shared.settings.access_log_sample_rate;
     if failed || rate >= 1.0 || (rate > 0.0 && sample(rate)) {
-        shared.events.push(Event::Log(AccessRecord {
-            request_id: request.request_id.clone(),
-            trace_id: request.trace_id.clone(),
-            span_id: request.span.span_id(),
-            model: request.model.clone(),
-            method: "POST".to_owned(),
-            path: cut(&request.path, 200),
-            status,
-            duration_ms: (seconds * 100_000.0).round() / 100.0,
-            reason: reason.to_owned(),
-            client_subject: request.client_subject.clone(),
-        }));
+        shared.events.push(Event::Log(record((seconds * 100_000.0).round() / 100.0)));
     }
 }
 
-pub(super) fn sample(rate: f64) -> bool {
+fn sample(rate: f64) -> bool {
     ((super::connection::random_u64() >> 11) as f64 / (1u64 << 53) as f64) < rate
 }
 

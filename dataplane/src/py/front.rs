@@ -60,8 +60,8 @@ type TlsTuple = (Vec<u8>, Vec<u8>, Option<Vec<u8>>, Vec<String>, String);
 /// batch_size, export_delay_s, export_timeout_s).
 type TracingTuple = (String, f64, bool, String, String, Vec<(String, String)>, usize, usize, f64, f64);
 
-fn tracing_settings(t: TracingTuple) -> PyResult<TracingSettings> {
-    let (
+fn tracing_settings(
+    (
         endpoint,
         sample_rate,
         parent_based,
@@ -72,7 +72,8 @@ fn tracing_settings(t: TracingTuple) -> PyResult<TracingSettings> {
         batch_size,
         delay_s,
         timeout_s,
-    ) = t;
+    ): TracingTuple,
+) -> PyResult<TracingSettings> {
     Ok(TracingSettings {
         endpoint,
         sample_rate,
