@@ -2,7 +2,9 @@
 but for `tracing`: off, on at sample rate 0.01, on at 1.0, the two traced ones exporting OTLP/HTTP to
 a sink in this process that takes every batch (200, as a collector does), so export is paid in full.
 
-Legs alternate in each round, the order rotating so a shared machine's drifts hit all alike.
+Legs alternate in each round, the order rotating so a shared machine's drifts hit all alike; the
+rounds of one scenario run together, after a pause in which every exporter's queue empties, so no
+leg pays for another wire's spans.
 Scenarios: the ~2 ms model (`credit_risk_2ms`), c=8 and c=1, over HTTP (wrk, 1x128 FP32 JSON, the
 Rust front's spans) and gRPC (bench/grpc_load.py, 1x128 raw, the Python SDK's spans). CPU per request
 is the sidecar process's (its exporter threads included) from /proc around each run. Exits 0 when
@@ -19,6 +21,7 @@ import contextlib
 import statistics
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ from bench.profile import verdicts_and_profile_markdown
 from bench.repository import BENCH_MODELS, credit_clones
 from bench.sidecar_process import CREDIT_FILTER_RULE, SidecarProcess, sidecar_settings
 from bench.wrk import Wrk
+from sidecar.config import SidecarConfig
 from sidecar.devtools.tritonserver import LocalTriton, free_port
 
 MODEL = "credit_risk_2ms"
@@ -107,24 +111,35 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         grpc_file = workdir / "1x128.bin"
         grpc_file.write_bytes(infer_request(MODEL, x).SerializeToString())
         wrk = Wrk(workdir / "wrk")
-        for sidecar in sidecars.values():  # warm-up: connections, specs, the lanes
-            wrk.run(f"{sidecar.url}/v2/models/{MODEL}/infer", body, connections=8, duration_s=1)
-            run_load(f"127.0.0.1:{sidecar.settings['listen']['grpc_port']}", grpc_file, 8, 1)
+
+        def load(sidecar: SidecarProcess, wire: str, concurrency: int, duration_s: int) -> dict[str, Any]:
+            if wire == "http":
+                return wrk.run(f"{sidecar.url}/v2/models/{MODEL}/infer", body, connections=concurrency,
+                               duration_s=duration_s).as_dict()
+            return run_load(f"127.0.0.1:{sidecar.settings['listen']['grpc_port']}", grpc_file, concurrency,
+                            duration_s)
+
         machine = describe_machine(triton.url)
         legs = list(LEGS)
-        for round_no in range(args.rounds):
-            scenarios = [(w, c) for w in ("http", "grpc") for c in CONCURRENCY]
-            for i, (wire, concurrency) in enumerate(scenarios):
-                shift = (round_no + i) % len(legs)
+        # Scenario by scenario, every round of one before the next: a traced sidecar exports its spans
+        # after the requests that made them (a batch when 512 are queued, the rest within
+        # tracing.export_delay_s), so a leg also pays for the tail of its own previous leg, which the
+        # rotation evens out. Spans of another wire must not land in a leg: the Python SDK's gRPC
+        # spans cost many times the Rust front's to export, and when the scenarios alternated they
+        # were exported during the HTTP legs that followed (1.29x at 1.0 in one run, 1.01x without).
+        # So each scenario starts with a warm-up of every leg, then a wait of one export delay and a
+        # second, in which every traced sidecar's queue empties, unmeasured.
+        settle_s = SidecarConfig().tracing.export_delay_s + 1.0
+        for wire, concurrency in [(w, c) for w in ("http", "grpc") for c in CONCURRENCY]:
+            for sidecar in sidecars.values():  # warm-up: connections, specs, the lanes
+                load(sidecar, wire, concurrency, 1)
+            time.sleep(settle_s)
+            for round_no in range(args.rounds):
+                shift = round_no % len(legs)
                 for leg in legs[shift:] + legs[:shift]:
                     sidecar = sidecars[leg]
                     before = cpu_seconds(sidecar.pid)
-                    if wire == "http":
-                        result = wrk.run(f"{sidecar.url}/v2/models/{MODEL}/infer", body, connections=concurrency,
-                                         duration_s=args.duration).as_dict()
-                    else:
-                        result = run_load(f"127.0.0.1:{sidecar.settings['listen']['grpc_port']}", grpc_file,
-                                          concurrency, args.duration)
+                    result = load(sidecar, wire, concurrency, args.duration)
                     cpu = cpu_seconds(sidecar.pid) - before
                     runs.append({"round": round_no, "wire": wire, "concurrency": concurrency, "leg": leg, **result,
                                  "cpu_s": round(cpu, 4)})

@@ -437,8 +437,12 @@ class TracingSection:
     when it is set. Keys the file and SIDECAR_TRACING_* leave unset are taken from the standard
     OTEL_* variables, as the SDKs read them (OTEL_EXPORTER_OTLP_ENDPOINT alone turns tracing on)."""
 
-    #: The collector's OTLP/HTTP traces URL (http://collector:4318/v1/traces); "" = tracing off.
+    #: The collector's OTLP/HTTP traces URL (http://collector:4318/v1/traces, or https://); "" = off.
     endpoint: str = ""
+    #: PEM bundle of the CAs an https:// collector's certificate must chain to (both exporters);
+    #: "" = the bundle Python's exporter trusts by default (certifi's). OTEL_EXPORTER_OTLP_(TRACES_)
+    #: CERTIFICATE set it too.
+    ca_file: str = ""
     #: Share (0..1) of new traces kept: requests without a sampled parent, probe rounds. Every heal is
     #: kept whatever this says (they are rare and what an on-call engineer looks for). 0.01 keeps ten
     #: traces a second at 1,000 requests a second, and a probe round's trace every ~8 minutes per model.
@@ -679,6 +683,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
         ),
         "tracing": _section(
             endpoint={"type": "string", "pattern": r"^(https?://[^/\s]+(/\S*)?)?$"},
+            ca_file={"type": "string"},
             sample_rate=_SHARE,
             parent_based=_BOOL,
             service_name={"type": "string", "minLength": 1},
@@ -777,6 +782,10 @@ def _apply_otel_environment(raw: dict[str, Any], environ: Mapping[str, str]) -> 
         # OTEL_EXPORTER_OTLP_ENDPOINT is the base URL of every signal: the SDKs append the signal's path.
         found["endpoint"] = url if name == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" else url.rstrip("/") + "/v1/traces"
         break
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"):
+        if environ.get(name, "").strip():
+            found["ca_file"] = environ[name].strip()
+            break
     if environ.get("OTEL_SERVICE_NAME"):
         found["service_name"] = environ["OTEL_SERVICE_NAME"].strip()
     attributes = _otel_resource_attributes(environ.get("OTEL_RESOURCE_ATTRIBUTES", ""))
@@ -883,6 +892,10 @@ def _check_cross_field_rules(raw: dict[str, Any], source: str) -> None:
             raise ConfigError(f"{source}: key 'healing.process_fault_patterns.{i}': not a regular expression: "
                               f"{e}") from e
     _check_tls_keys(raw.get("tls", {}), raw.get("listen", {}), source)
+    ca_file = raw.get("tracing", {}).get("ca_file", "")
+    if ca_file and not os.access(ca_file, os.R_OK):
+        raise ConfigError(f"{source}: key 'tracing.ca_file': cannot read {ca_file!r} (a PEM bundle of the CAs that "
+                          "sign the collector's certificate)")
     tracing = raw.get("tracing", {})
     if tracing.get("batch_size", 512) > tracing.get("queue_size", 2048):
         raise ConfigError(f"{source}: key 'tracing.batch_size' must not exceed tracing.queue_size "

@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -28,6 +29,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from tritonclient.grpc import service_pb2 as pb
 
 from sidecar.config import ConfigError, load_config
+from sidecar.devtools.certificates import issue, make_ca
 from sidecar.devtools.tritonserver import LocalTriton, free_port
 from sidecar.fronts.appkeys import CONFIG
 from sidecar.fronts.grpc_server import SERVICE
@@ -86,8 +88,10 @@ class OtlpReceiver:
     """An OTLP/HTTP traces receiver (POST /v1/traces) on a loopback port, in a thread of its own so that
     the Triton started before any test's event loop can post to it for the whole module."""
 
-    def __init__(self) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
         self.port = free_port()
+        #: Set: the receiver speaks https:// only (a collector behind TLS).
+        self.ssl_context = ssl_context
         self.spans: list[ReceivedSpan] = []
         self.posts: dict[str, int] = {"protobuf": 0, "json": 0}
         #: Bodies that did not decode: each is a test failure (`assert not receiver.errors`).
@@ -99,7 +103,8 @@ class OtlpReceiver:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1/traces"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}/v1/traces"
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -107,7 +112,8 @@ class OtlpReceiver:
         app.router.add_post("/v1/traces", self._traces)
         self._runner = web.AppRunner(app)
         self._loop.run_until_complete(self._runner.setup())
-        self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+        self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port,
+                                                  ssl_context=self.ssl_context).start())
         self._started.set()
         self._loop.run_forever()
 
@@ -570,6 +576,101 @@ async def test_a_refused_http_request_leaves_an_error_span_with_its_reason_and_n
     assert [s.service for s in receiver.find(trace_id=refused_trace)] == [SIDECAR_SERVICE]
 
 
+async def test_http_requests_the_python_side_answers_have_spans_too_and_triton_s_nest_under_them(
+        receiver, traced_triton, start, sidecars):
+    """What the Rust front hands over (metadata, an unknown model's refusal) and every request on the
+    Python listener (listen.front: python) get the Python SDK's span, named as the front names its own."""
+    sidecar = await started_and_healthy(start, _rust(tracing_config(traced_triton, receiver.url, sample_rate=0.0)))
+    front = await _lane(sidecar, "credit_risk")
+    handed_before = front.handovers
+    parent = "00f067aa0ba902b7"
+    metadata_trace, unknown_trace = "8af92f3577b34da6a3ce929d0e0e4731", "8af92f3577b34da6a3ce929d0e0e4732"
+    async with sidecar.session.get(sidecar.url + "/v2/models/credit_risk",
+                                   headers={"traceparent": f"00-{metadata_trace}-{parent}-01"}) as r:
+        assert r.status == 200 and (await r.json())["name"] == "credit_risk"
+    async with sidecar.session.post(sidecar.url + "/v2/models/no_such_model/infer", json=credit_json(),
+                                    headers={"traceparent": f"00-{unknown_trace}-{parent}-01"}) as r:
+        refused = await r.json()
+        assert r.status == 404 and refused["reason"] == "unknown_model", refused
+    assert front.handovers > handed_before, "the front served them itself"
+    metadata = (await wait_for(lambda: receiver.find(trace_id=metadata_trace), 10, what="the metadata span"))[0]
+    assert (metadata.service, metadata.name, metadata.parent_span_id) == (
+        SIDECAR_SERVICE, "GET /v2/models/{model}", parent), metadata
+    assert metadata.attributes["http.route"] == "/v2/models/{model}", metadata
+    assert metadata.attributes["http.response.status_code"] == 200 and not metadata.failed, metadata
+    assert metadata.attributes["sidecar.model"] == "credit_risk", metadata
+    unknown = (await wait_for(lambda: receiver.find(trace_id=unknown_trace), 10, what="the refusal's span"))[0]
+    assert unknown.name == HTTP_INFER_SPAN and unknown.failed, unknown
+    assert unknown.attributes["sidecar.refusal.reason"] == "unknown_model", unknown
+    assert unknown.attributes["http.response.status_code"] == 404, unknown
+    assert unknown.status_message == f"[unknown_model] {refused['error']}", unknown
+    sidecars.remove(sidecar)
+    await stop_sidecar(sidecar)
+
+    # The Python listener: an infer it forwards carries its span to Triton as the parent.
+    config = tracing_config(traced_triton, receiver.url, sample_rate=0.0)
+    sidecar = await started_and_healthy(start, replace(config, listen=replace(config.listen, front="python")))
+
+    def client_trace(i: int) -> str:
+        return f"{i:x}bf92f3577b34da6a3ce929d0e0e4736"
+
+    async def send(i: int) -> str:
+        status, answer = await _http_infer(sidecar, credit_json(seed=14), {
+            "traceparent": f"00-{client_trace(i)}-{parent}-01", "x-request-id": f"python-traced-{i}"})
+        assert status == 200 and answer["model_name"] == "credit_risk", answer
+        return f"python-traced-{i}"
+
+    span, theirs = await _triton_joins(receiver, send)
+    i = int(span.attributes["sidecar.request_id"].rsplit("-", 1)[1])
+    assert (span.trace_id, span.name, span.parent_span_id) == (client_trace(i), HTTP_INFER_SPAN, parent), span
+    assert span.attributes["http.request.method"] == "POST" and span.attributes["sidecar.protocol"] == "http", span
+    assert span.attributes["http.route"] == "/v2/models/{model}/infer", span
+    assert span.attributes["http.response.status_code"] == 200 and not span.failed, span
+    assert all(s.trace_id == span.trace_id for s in theirs), theirs
+
+
+async def test_an_https_collector_gets_both_sides_spans_and_one_signed_by_another_ca_gets_none(
+        triton, start, sidecars, tmp_path):
+    """tracing.ca_file is the CA both exporters trust: the front's (rustls) and Python's (requests)."""
+    ca, stranger = make_ca("collector CA"), make_ca("another CA")
+    server = issue(ca, "collector", dns=("localhost",), ips=("127.0.0.1",))
+    (tmp_path / "cert.pem").write_bytes(server.cert_pem)
+    (tmp_path / "key.pem").write_bytes(server.key_pem)
+    (tmp_path / "ca.pem").write_bytes(ca.cert_pem)
+    (tmp_path / "stranger.pem").write_bytes(stranger.cert_pem)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    collector = OtlpReceiver(ssl_context=context).start()
+    try:
+        for trusted in ("ca.pem", "stranger.pem"):
+            config = _rust(tracing_config(triton, collector.url, sample_rate=1.0, ca_file=str(tmp_path / trusted)))
+            sidecar = await started_and_healthy(start, config)
+            front = await _lane(sidecar, "credit_risk")
+            status, _ = await _http_infer(sidecar, credit_json(seed=15), {"x-request-id": f"tls-{trusted}"})
+            assert status == 200
+            async with sidecar.session.get(sidecar.url + "/v2/models/credit_risk",
+                                           headers={"x-request-id": f"tls-meta-{trusted}"}) as r:
+                assert r.status == 200
+            assert front.fast_requests >= 1 and front.handovers >= 1
+            if trusted == "ca.pem":
+                for request_id, name in ((f"tls-{trusted}", HTTP_INFER_SPAN),
+                                         (f"tls-meta-{trusted}", "GET /v2/models/{model}")):
+                    spans = await wait_for(lambda r=request_id: collector.find(attributes={"sidecar.request_id": r}),
+                                           10, what=f"{request_id}'s span over https")
+                    assert spans[0].name == name, spans
+            else:
+                # Refused at the handshake, each export: counted as lost, never received.
+                await wait_for(lambda s=sidecar: (s.metric("triton_sidecar_tracing_spans_dropped_total",
+                                                           reason="export_failed") or 0) >= 2,
+                               15, what="the spans the collector's certificate kept from it counted")
+                assert not collector.find(attributes={"sidecar.request_id": f"tls-{trusted}"})
+            sidecars.remove(sidecar)
+            await stop_sidecar(sidecar)
+        assert not collector.errors, collector.errors
+    finally:
+        collector.stop()
+
+
 async def test_with_the_collector_down_or_hung_the_rust_front_s_answers_do_not_change_and_lost_spans_are_counted(
         triton, start, sidecars):
     """As the gRPC test above, for HTTP requests the front serves: probes run once an hour, so nearly every
@@ -663,9 +764,17 @@ def test_the_standard_otel_variables_fill_the_keys_the_file_leaves_unset(tmp_pat
     assert not load_config(None, environ={**environ, "OTEL_SDK_DISABLED": "true"}).tracing.enabled
     assert not load_config(None, environ={**environ, "OTEL_TRACES_EXPORTER": "none"}).tracing.enabled
     assert not load_config(None, environ={}).tracing.enabled
+    # The collector's CA: the traces-specific variable first, as the SDKs read them.
+    (tmp_path / "a.pem").write_text("pem")
+    (tmp_path / "b.pem").write_text("pem")
+    tracing = load_config(None, environ={**environ, "OTEL_EXPORTER_OTLP_CERTIFICATE": str(tmp_path / "a.pem"),
+                                         "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": str(tmp_path / "b.pem")}).tracing
+    assert tracing.ca_file == str(tmp_path / "b.pem")
 
 
 @pytest.mark.parametrize(("environ", "expected"), [
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "https://c:4318", "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem"},
+     "key 'tracing.ca_file': cannot read '/nonexistent/ca.pem'"),
     ({"OTEL_TRACES_SAMPLER": "sometimes"}, "environment variable OTEL_TRACES_SAMPLER: unknown sampler 'sometimes'"),
     ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"},
      "environment variable OTEL_TRACES_SAMPLER_ARG: must be 0..1"),

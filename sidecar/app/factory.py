@@ -65,7 +65,7 @@ from sidecar.serving.passive_signals import HealthEvents
 from sidecar.serving.readiness import Readiness
 from sidecar.serving.request_rules import load_schemas
 from sidecar.serving.rollouts import GoldenGate
-from sidecar.serving.telemetry import GRPC
+from sidecar.serving.telemetry import GRPC, HTTP
 from sidecar.states import ModelStates, Transition
 from sidecar.tracing.spans import NO_SPANS, HealthSpans
 from sidecar.upstream import UpstreamPool
@@ -188,9 +188,9 @@ def _tracing(app: web.Application, config: SidecarConfig, metrics: SidecarMetric
         return None
     from sidecar.tracing.otel import start_tracing
 
-    # gRPC only for now: its front sends Triton the span's traceparent; the HTTP front joins when it
-    # does too (the Rust HTTP front, issue 32).
-    tracing = start_tracing(config.tracing, metrics=metrics, protocols=frozenset({GRPC}))
+    # Every request the Python side answers: gRPC's, and over HTTP those the Rust front hands over (or
+    # all, on listen.front: python); the front's lanes make their own spans (dataplane front/tracing.rs).
+    tracing = start_tracing(config.tracing, metrics=metrics, protocols=frozenset({GRPC, HTTP}))
 
     async def shut_down(app: web.Application) -> AsyncIterator[None]:
         yield

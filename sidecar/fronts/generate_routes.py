@@ -89,7 +89,7 @@ class _GenerateCall:
         self.endpoint = endpoint
         self.path = model_path(self.model, self.version) + "/" + endpoint
         self.headers = {"X-Request-ID": ctx.request_id, "Accept-Encoding": "identity",
-                        "Content-Type": "application/json", **forwarded_headers(request.headers)}
+                        "Content-Type": "application/json", **forwarded_headers(request.headers, ctx)}
 
     def validate(self, spec: ModelSpec) -> None:
         check_generate_request(spec, self.body, self.core.generate_limits(self.model))

@@ -34,15 +34,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
+from pathlib import Path
 from typing import Any
 
+import certifi
 import structlog
 from aiohttp import web
 
 from sidecar import __version__
 from sidecar._dataplane import HttpFront as NativeFront
-from sidecar.config import TracingSection
+from sidecar.config import ConfigError, TracingSection
 from sidecar.fronts.appkeys import CONFIG, HEARTBEATS, LIFECYCLE, SERVING, STATES, TLS, WATCH
 from sidecar.fronts.http_listener import SidecarListener
 from sidecar.fronts.http_routes import live_refusal, ready_refusal
@@ -221,9 +224,10 @@ class HttpFront:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if self._wake is not None:
+        if self._wake is not None:  # once: a second close (a shutdown racing a test's stop) has nothing to do
             asyncio.get_running_loop().remove_reader(self._wake.fileno())
             self._wake.close()
+            self._wake = None
         if self._native is not None:
             self.app[HEARTBEATS].forget(FRONT_RUNTIME)
             await asyncio.to_thread(self._native.close)
@@ -476,20 +480,28 @@ def _tls_material(tls: ServerTls, material: TlsMaterial) -> tuple[bytes, bytes, 
     return material.cert_pem, material.key_pem, material.ca_pem, list(section.client_allowed_sans), section.min_version
 
 
-def _tracing(section: TracingSection) -> tuple[str, float, bool, str, str, list[tuple[str, str]], int, int,
-                                               float, float] | None:
-    """The resolved tracing section as the front takes it (it reads no environment of its own); None
-    while tracing is off, or when the collector's URL is https:// (the front posts plain HTTP only:
-    its requests then go untraced, said once at start)."""
+def _tracing(section: TracingSection) -> tuple[str, bytes | None, float, bool, str, str, list[tuple[str, str]],
+                                               int, int, float, float] | None:
+    """The resolved tracing section as the front takes it (it reads no environment and no file of its
+    own): for an https:// collector, with the CA bundle both exporters trust; None while tracing is off."""
     if not section.enabled:
         return None
-    if not section.endpoint.startswith("http://"):
-        log.warning("http_front_not_traced", endpoint=section.endpoint,
-                    cause="the HTTP front exports spans over plain http:// only; its requests are not traced")
-        return None
-    return (section.endpoint, section.sample_rate, section.parent_based, section.service_name, __version__,
+    ca_pem = None
+    if section.endpoint.startswith("https://"):
+        ca_pem = _ca_bundle(section.ca_file)
+    return (section.endpoint, ca_pem, section.sample_rate, section.parent_based, section.service_name, __version__,
             sorted(section.resource_attributes.items()), section.queue_size, section.batch_size,
             section.export_delay_s, section.export_timeout_s)
+
+
+def _ca_bundle(ca_file: str) -> bytes:
+    """tracing.ca_file's PEM, or the bundle Python's OTLP exporter (requests) trusts when it is unset:
+    REQUESTS_CA_BUNDLE's or CURL_CA_BUNDLE's when the environment names one, else certifi's."""
+    path = ca_file or os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or certifi.where()
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"key 'tracing.ca_file': cannot read {path!r}: {e.strerror}") from e
 
 
 def http_server(app: web.Application) -> SidecarListener | HttpFront:

@@ -42,6 +42,7 @@ from sidecar.fronts.http_routes import (
     body_too_large,
     check_body_headers,
     cohort_of,
+    forwarded_headers,
     parse_header_length,
     unreadable_body,
 )
@@ -57,6 +58,10 @@ log = structlog.get_logger("sidecar.proxy")
 
 
 _INFER_PATH = re.compile(r"/v2/models/([^/?#%]+)(?:/versions/([^/?#%]+))?/infer")
+
+#: The route templates of the requests served here, as aiohttp's router names them (the span's name).
+_INFER_ROUTE = "/v2/models/{model}/infer"
+_VERSIONED_INFER_ROUTE = "/v2/models/{model}/versions/{version}/infer"
 
 
 #: Encodings this path inflates itself; others (br, zstd) are left to aiohttp.
@@ -420,8 +425,10 @@ class _Connection(asyncio.Protocol):
     async def _serve(self, request: _Request) -> None:
         self._listener.fast_requests += 1
         headers = request.headers
+        url = request.url.decode("latin-1")
         scope = self._core.request(HTTP, headers.get("x-request-id"), headers.get("traceparent"), method="POST",
-                                   path=request.url.decode("latin-1"), client=self._client)
+                                   path=url, client=self._client, tracestate=headers.get("tracestate"),
+                                   route=_VERSIONED_INFER_ROUTE if "/versions/" in url else _INFER_ROUTE)
         async with scope:
             status, answer_headers, body = await self._infer(request, scope)
             scope.answered(status)
@@ -443,7 +450,7 @@ class _Connection(asyncio.Protocol):
         body = b"".join(request.body)
         if encoding in _INFLATED:
             body = _inflate(body, encoding, core.config.validation.max_body_bytes, model)
-        forwarded = {name: headers[name] for name in ("traceparent", "tracestate") if name in headers}
+        forwarded = forwarded_headers(headers, ctx)
         exchange = HttpInferExchange(self._listener.app[UPSTREAM_POOL], core.settings.upstream_timeout_s, ctx, model,
                                      version, body, header_length, forwarded, lambda: self._closing)
         return await core.infer(model, version, exchange, cohort_of(core, model, headers))

@@ -139,9 +139,12 @@ def _proxied(handler: ProxyHandler) -> Callable[[web.Request], Awaitable[web.Str
 
     async def run(request: web.Request) -> web.StreamResponse:
         headers = request.headers
+        resource = request.match_info.route.resource
         scope = request.app[SERVING].request(HTTP, headers.get("X-Request-ID"), headers.get("traceparent"),
                                              method=request.method, path=request.path,
-                                             client=subject_of(request.get_extra_info("peercert")))
+                                             client=subject_of(request.get_extra_info("peercert")),
+                                             tracestate=headers.get("tracestate"),
+                                             route=resource.canonical if resource is not None else "")
         async with scope:
             response = await handler(request, scope)
             scope.answered(response.status)
@@ -300,7 +303,7 @@ async def infer(request: web.Request, ctx: RequestContext) -> web.StreamResponse
         return transport is None or transport.is_closing()
 
     exchange = HttpInferExchange(request.app[UPSTREAM_POOL], core.settings.upstream_timeout_s, ctx, model, version,
-                                 body, header_length, forwarded_headers(request.headers), client_gone)
+                                 body, header_length, forwarded_headers(request.headers, ctx), client_gone)
     status, headers, answer = await core.infer(model, version, exchange, cohort_of(core, model, request.headers))
     response = web.Response(status=status, body=answer, content_type=headers.get("Content-Type", "application/json"))
     if "Inference-Header-Content-Length" in headers:
@@ -315,8 +318,11 @@ def cohort_of(core: ServingCore, model: str, headers: Mapping[str, str]) -> str:
     return (headers.get(key) or headers.get(key.lower()) or "") if key else ""
 
 
-def forwarded_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The client's headers that Triton gets (case-insensitive `headers`)."""
+def forwarded_headers(headers: Mapping[str, str], ctx: RequestContext) -> dict[str, str]:
+    """The trace context Triton gets: the request's span as the parent when it is sampled (Triton's
+    spans nest under it), else the client's own headers as it sent them (case-insensitive `headers`)."""
+    if ctx.upstream_trace:
+        return dict(ctx.upstream_trace)
     return {name: headers[name] for name in _FORWARDED_HEADERS if name in headers}
 
 

@@ -101,23 +101,24 @@ class RequestWrapper:
         self.spans = spans
 
     def open(self, protocol: str, request_id: str | None, traceparent: str | None, *, method: str,
-             path: str, client: str = "", tracestate: str | None = None) -> RequestScope:
+             path: str, client: str = "", tracestate: str | None = None, route: str = "") -> RequestScope:
         """The request's scope: the client's X-Request-ID when it is sane, else a new one. `client`: the
         subject of a mutual-TLS client certificate, for the access log. With tracing on, the request's
-        span starts here, continuing the client's `traceparent` and `tracestate`."""
+        span starts here, continuing the client's `traceparent` and `tracestate`; `route`: an HTTP
+        request's route template (`/v2/models/{model}/infer`), "" when no route matched."""
         scope = RequestScope(protocol, self.telemetry.request_id(request_id), trace_id(traceparent), client=client,
                              method=method, path=path, wrapper=self)
         spans = self.spans
         if spans is not None and protocol in spans.protocols:
-            spans.start(scope, traceparent, tracestate, name=path)
+            spans.start(scope, traceparent, tracestate, method=method, path=path, route=route)
         return scope
 
     def refuse_at_once(self, protocol: str, refusal: Refusal, *, method: str, path: str, label: str,
                        request_id: str | None = None, traceparent: str | None = None,
-                       client: str = "") -> RequestScope:
+                       client: str = "", route: str = "") -> RequestScope:
         """A request refused before it became one (no route, body too large or too slow): counted
         and logged like any other; the front encodes `scope.refusal`."""
-        scope = self.open(protocol, request_id, traceparent, method=method, path=path, client=client)
+        scope = self.open(protocol, request_id, traceparent, method=method, path=path, client=client, route=route)
         scope.label = label
         # Counted for the drain all the same: a straggler shows the pod still gets traffic.
         self.lifecycle.request_started()

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
+import requests
 import structlog
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -123,7 +124,11 @@ def start_tracing(settings: TracingSection, *, metrics: SidecarMetrics, protocol
     resource = Resource({"service.name": settings.service_name, "service.version": __version__,
                          "telemetry.sdk.language": "python", "telemetry.sdk.name": "opentelemetry",
                          **settings.resource_attributes})
-    exporter = exporter or OTLPSpanExporter(endpoint=settings.endpoint, timeout=settings.export_timeout_s)
+    # certificate_file: tracing.ca_file, the bundle the Rust front's exporter trusts too (None: the
+    # exporter's own default; OTEL_EXPORTER_OTLP_CERTIFICATE is already in ca_file).
+    exporter = exporter or OTLPSpanExporter(
+        endpoint=settings.endpoint, timeout=settings.export_timeout_s, certificate_file=settings.ca_file or None,
+        session=_PinnedCaSession() if settings.ca_file else None)
     processor = CountedBatchSpanProcessor(CountedExporter(exporter, metrics=metrics), settings=settings,
                                           metrics=metrics)
     # The app shuts them down (no atexit hook per provider: tests build many apps in one process).
@@ -160,6 +165,17 @@ def _hex_ids(span: trace.Span) -> tuple[str, str] | None:
     if not context.trace_flags.sampled:
         return None
     return format(context.trace_id, "032x"), format(context.span_id, "016x")
+
+
+class _PinnedCaSession(requests.Session):
+    """requests lets REQUESTS_CA_BUNDLE (or CURL_CA_BUNDLE) win over a session's own `verify` (its
+    issue 3829): the exporter would then ignore tracing.ca_file wherever the image sets those
+    variables. The CA bundle set here is kept; proxies and the rest still come from the environment."""
+
+    def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any) -> Any:
+        settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
+        settings["verify"] = self.verify if verify is None else verify
+        return settings
 
 
 class OtelTracing:
@@ -207,14 +223,18 @@ class OtelTracing:
 
     # -- requests --------------------------------------------------------------------------------------
 
-    def start(self, scope: TracedRequest, traceparent: str | None, tracestate: str | None, *, name: str) -> None:
+    def start(self, scope: TracedRequest, traceparent: str | None, tracestate: str | None, *, method: str,
+              path: str, route: str) -> None:
         carrier = {"traceparent": traceparent} if traceparent else {}
         if traceparent and tracestate:
             carrier["tracestate"] = tracestate
         # No traceparent: a new trace, from an empty context (never an ambient one).
         parent = self._propagator.extract(carrier) if carrier else otel_context.Context()
-        span = self._tracer.start_span(name.lstrip("/"), context=parent, kind=SpanKind.SERVER,
-                                       attributes=_rpc_attributes(scope, name))
+        if scope.protocol == "grpc":  # sidecar.serving.telemetry.GRPC (the serving core sits above)
+            name, attributes = path.lstrip("/"), _rpc_attributes(scope, path)
+        else:
+            name, attributes = _http_name_and_attributes(scope, method, route)
+        span = self._tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
         ids = _hex_ids(span)
         if ids is None:
             return  # not sampled: the client's own traceparent goes on to Triton, as without tracing
@@ -233,6 +253,8 @@ class OtelTracing:
             attributes["sidecar.model"] = scope.label
         if scope.protocol == "grpc":
             attributes["rpc.grpc.status_code"] = GRPC_STATUS_CODES.get(code, GRPC_STATUS_CODES["UNKNOWN"])
+        elif code.isdigit():
+            attributes["http.response.status_code"] = int(code)
         if reason:
             attributes["sidecar.refusal.reason"] = reason
         span.set_attributes(attributes)
@@ -251,7 +273,17 @@ class OtelTracing:
 
 def _rpc_attributes(scope: TracedRequest, path: str) -> dict[str, Any]:
     service, _, method = path.lstrip("/").rpartition("/")
-    attributes: dict[str, Any] = {"sidecar.request_id": scope.request_id, "sidecar.protocol": scope.protocol}
-    if scope.protocol == "grpc":  # sidecar.serving.telemetry.GRPC (the serving core sits above)
-        attributes.update({"rpc.system": "grpc", "rpc.service": service, "rpc.method": method})
-    return attributes
+    return {"sidecar.request_id": scope.request_id, "sidecar.protocol": scope.protocol, "rpc.system": "grpc",
+            "rpc.service": service, "rpc.method": method}
+
+
+def _http_name_and_attributes(scope: TracedRequest, method: str, route: str) -> tuple[str, dict[str, Any]]:
+    """An HTTP request's span name and first attributes, as the Rust front writes its own: the method
+    and the route template (never the path: a model's name would make every span name its own); a
+    request whose method was never read (a head that timed out) is `HTTP`, as the conventions say."""
+    method = method or "HTTP"
+    attributes: dict[str, Any] = {"sidecar.request_id": scope.request_id, "sidecar.protocol": scope.protocol,
+                                  "http.request.method": method}
+    if route:
+        attributes["http.route"] = route
+    return (f"{method} {route}" if route else method), attributes

@@ -65,10 +65,13 @@ class RequestSpans(Protocol):
     #: The protocols traced (the request scope checks this once per request).
     protocols: frozenset[str]
 
-    def start(self, scope: TracedRequest, traceparent: str | None, tracestate: str | None, *, name: str) -> None:
-        """Start the request's span (`name`: the RPC's path), a child of the client's context when it
-        sent one. When the span is sampled, set `scope.span`, `scope.trace_id`, `scope.span_id` and
-        `scope.upstream_trace` (the traceparent and tracestate that make Triton's spans its children)."""
+    def start(self, scope: TracedRequest, traceparent: str | None, tracestate: str | None, *, method: str,
+              path: str, route: str) -> None:
+        """Start the request's span, a child of the client's context when it sent one: named for the
+        RPC (`path`) over gRPC, for `method` and the route template over HTTP (`route`, "" when no
+        route matched: the method alone, as OpenTelemetry's HTTP conventions say). When the span is
+        sampled, set `scope.span`, `scope.trace_id`, `scope.span_id` and `scope.upstream_trace` (the
+        traceparent and tracestate that make Triton's spans its children)."""
 
     def end(self, scope: TracedRequest, *, code: str, reason: str, failed: bool, description: str) -> None:
         """End `scope.span` with the request's outcome (model, status, refusal reason)."""

@@ -42,7 +42,7 @@ use crate::metrics::request::RequestMetrics;
 use crate::protocol::pytext::cut;
 
 use super::generate::Endpoint;
-use super::upstream::Upstream;
+use super::upstream::{ClientTls, Upstream};
 
 /// The instrumentation scope of every span (sidecar/tracing/otel.py's SCOPE).
 const SCOPE: &str = "triton-sidecar";
@@ -55,8 +55,11 @@ const MAX_EVENTS: u32 = 16;
 /// into it by sidecar/config.py: the front reads no environment of its own).
 #[derive(Debug, Clone)]
 pub struct TracingSettings {
-    /// The collector's OTLP/HTTP traces URL (`http://host:port/path`).
+    /// The collector's OTLP/HTTP traces URL (`http://host:port/path` or `https://...`).
     pub endpoint: String,
+    /// For an https:// endpoint: the PEM bundle of the CAs its certificate must chain to
+    /// (tracing.ca_file, or the bundle Python's exporter trusts), read by Python.
+    pub ca_pem: Option<Vec<u8>>,
     pub sample_rate: f64,
     pub parent_based: bool,
     pub service_name: String,
@@ -71,8 +74,10 @@ pub struct TracingSettings {
 /// Why tracing could not start: a start-up error naming the key.
 #[derive(Debug, thiserror::Error)]
 pub enum TracingError {
-    #[error("tracing.endpoint {0}: the HTTP front posts spans over plain http:// only")]
+    #[error("tracing.endpoint {0}: not an http:// or https:// URL with a host")]
     NotHttp(String),
+    #[error("tracing.ca_file: {0}")]
+    Ca(String),
     #[error("tracing.endpoint: the OTLP exporter refused it: {0}")]
     Exporter(String),
 }
@@ -92,14 +97,26 @@ impl Tracing {
         metrics: Arc<RequestMetrics>,
         runtime: tokio::runtime::Handle,
     ) -> Result<Tracing, TracingError> {
-        let rest = settings
-            .endpoint
-            .strip_prefix("http://")
-            .ok_or_else(|| TracingError::NotHttp(settings.endpoint.clone()))?;
-        let authority = rest.split('/').next().unwrap_or(rest).to_owned();
+        let (secure, rest) = match settings.endpoint.split_once("://") {
+            Some(("http", rest)) => (false, rest),
+            Some(("https", rest)) => (true, rest),
+            _ => return Err(TracingError::NotHttp(settings.endpoint.clone())),
+        };
+        let authority = rest.split('/').next().unwrap_or(rest);
+        if authority.is_empty() {
+            return Err(TracingError::NotHttp(settings.endpoint.clone()));
+        }
+        let tls = if secure { Some(client_tls(authority, settings.ca_pem.as_deref())?) } else { None };
+        // An https:// URL without a port is the collector's 443 (TcpStream needs one).
+        let address = match (secure, authority.rsplit_once(':')) {
+            (_, Some((_, port))) if !port.contains(']') => authority.to_owned(),
+            (true, _) => format!("{authority}:443"),
+            (false, _) => format!("{authority}:80"),
+        };
         // The post's own bound is the export's: a collector that takes the connection and never
         // answers costs one export_timeout per batch, never a request's time.
-        let poster = FrontPoster { upstream: Arc::new(Upstream::new(authority, settings.export_timeout)), runtime };
+        let upstream = Upstream::with_tls(address, settings.export_timeout, tls);
+        let poster = FrontPoster { upstream: Arc::new(upstream), runtime };
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_endpoint(settings.endpoint.clone())
@@ -172,15 +189,10 @@ impl Tracing {
             KeyValue::new("http.route", opened.endpoint.route()),
             KeyValue::new("http.request.body.size", opened.body_bytes as i64),
         ]);
-        let trace_id = context.trace_id().to_string();
-        let span_id = context.span_id().to_string();
-        let traceparent = format!("00-{trace_id}-{span_id}-{:02x}", context.trace_flags().to_u8());
         let state = context.trace_state().header();
         RequestSpan(Some(Box::new(Traced {
             open: Mutex::new(Open { span, mark: Instant::now(), events: 0, ended: false }),
-            trace_id,
-            span_id,
-            traceparent,
+            traceparent: traceparent(&context),
             tracestate: (!state.is_empty()).then_some(state),
         })))
     }
@@ -193,6 +205,39 @@ impl Tracing {
         let bound = self.export_timeout;
         let _ = tokio::task::spawn_blocking(move || provider.shutdown_with_timeout(bound)).await;
     }
+}
+
+/// The TLS client of an https:// collector: its certificate verified against `ca_pem` (webpki's
+/// rules: chain, validity, the host name of the URL), TLS 1.2 or 1.3 on ring's primitives.
+fn client_tls(authority: &str, ca_pem: Option<&[u8]>) -> Result<ClientTls, TracingError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let pem = ca_pem.ok_or_else(|| TracingError::Ca("no CA bundle for an https:// endpoint".to_owned()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in CertificateDer::pem_slice_iter(pem) {
+        let certificate = certificate.map_err(|e| TracingError::Ca(format!("not a PEM CA bundle: {e}")))?;
+        // A bundle may hold certificates webpki cannot use as anchors (the system's does): skip them.
+        let _ = roots.add(certificate);
+    }
+    if roots.is_empty() {
+        return Err(TracingError::Ca("the bundle holds no usable CA certificate".to_owned()));
+    }
+    let host = match authority.rsplit_once(':') {
+        Some((host, port)) if !port.contains(']') => host,
+        _ => authority,
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+    let server_name = ServerName::try_from(host.clone())
+        .map_err(|e| TracingError::NotHttp(format!("https://{authority}: {host} is not a host name: {e}")))?;
+    // ring's provider, as the server side's (front/tls.rs says why not aws-lc-rs).
+    #[allow(deprecated)]
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TracingError::Ca(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(ClientTls { connector: tokio_rustls::TlsConnector::from(Arc::new(config)), server_name })
 }
 
 /// What a span is opened with: the client's context, the route, and what the request says.
@@ -253,11 +298,34 @@ pub struct RequestSpan(Option<Box<Traced>>);
 
 struct Traced {
     open: Mutex<Open>,
-    trace_id: String,
-    span_id: String,
-    /// What Triton gets: this span as the parent.
+    /// What Triton gets: this span as the parent. The trace and span ids the log keeps are slices
+    /// of it (`TRACE_ID`, `SPAN_ID`): one string made per request, not three.
     traceparent: String,
     tracestate: Option<String>,
+}
+
+/// Where the ids are in a version-00 traceparent (`00-<32 hex>-<16 hex>-<2 hex>`).
+const TRACE_ID: std::ops::Range<usize> = 3..35;
+const SPAN_ID: std::ops::Range<usize> = 36..52;
+
+/// The W3C traceparent naming `context` as the parent, written in one pass (no formatter: every
+/// sampled request makes one).
+fn traceparent(context: &SpanContext) -> String {
+    fn hex(out: &mut String, bytes: &[u8]) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        for b in bytes {
+            out.push(char::from(DIGITS[usize::from(b >> 4)]));
+            out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+        }
+    }
+    let mut out = String::with_capacity(55);
+    out.push_str("00-");
+    hex(&mut out, &context.trace_id().to_bytes());
+    out.push('-');
+    hex(&mut out, &context.span_id().to_bytes());
+    out.push('-');
+    hex(&mut out, &[context.trace_flags().to_u8()]);
+    out
 }
 
 struct Open {
@@ -290,14 +358,14 @@ impl RequestSpan {
     ) -> (String, Option<String>, Option<String>) {
         match &self.0 {
             None => (client_trace_id, traceparent.map(str::to_owned), tracestate.map(str::to_owned)),
-            Some(t) => (t.trace_id.clone(), Some(t.traceparent.clone()), t.tracestate.clone()),
+            Some(t) => (t.traceparent[TRACE_ID].to_owned(), Some(t.traceparent.clone()), t.tracestate.clone()),
         }
     }
 
     /// The span id for the access log; "" when untraced.
     #[inline]
     pub fn span_id(&self) -> String {
-        self.0.as_ref().map_or_else(String::new, |t| t.span_id.clone())
+        self.0.as_ref().map_or_else(String::new, |t| t.traceparent[SPAN_ID].to_owned())
     }
 
     /// A phase of the request ended now: an event `name` with its duration in milliseconds (since
@@ -329,7 +397,7 @@ impl RequestSpan {
             }
             let span = &mut open.span;
             span.set_attribute(KeyValue::new("http.response.status_code", i64::from(status)));
-            span.set_attribute(KeyValue::new("sidecar.status", status.to_string()));
+            span.set_attribute(KeyValue::new("sidecar.status", status_text(status)));
             span.set_attribute(KeyValue::new("http.response.body.size", bytes_out as i64));
             if !reason.is_empty() {
                 span.set_attribute(KeyValue::new("sidecar.refusal.reason", reason.to_owned()));
@@ -350,6 +418,28 @@ impl RequestSpan {
             }
         }
     }
+}
+
+/// The status as the `sidecar.status` attribute: the statuses a front answers with are static
+/// strings (no allocation per span).
+fn status_text(status: u16) -> opentelemetry::Value {
+    let text = match status {
+        200 => "200",
+        400 => "400",
+        403 => "403",
+        404 => "404",
+        408 => "408",
+        413 => "413",
+        422 => "422",
+        429 => "429",
+        499 => "499",
+        500 => "500",
+        502 => "502",
+        503 => "503",
+        504 => "504",
+        _ => return status.to_string().into(),
+    };
+    text.into()
 }
 
 fn add_event(open: &mut Open, name: &'static str, attributes: Vec<KeyValue>) {
@@ -523,6 +613,17 @@ mod tests {
         ] {
             assert!(remote_context(None)(bad).is_none(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_traceparent_sent_on_names_the_span_and_holds_the_ids_the_log_keeps() {
+        let context = remote_context(None)("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").expect("valid");
+        let written = traceparent(&context);
+        assert_eq!(written, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+        assert_eq!(&written[TRACE_ID], "0af7651916cd43dd8448eb211c80319c");
+        assert_eq!(&written[SPAN_ID], "b7ad6b7169203331");
+        let unsampled = remote_context(None)("00-00f7651916cd43dd8448eb211c80319c-00ad6b7169203331-00").expect("valid");
+        assert_eq!(traceparent(&unsampled), "00-00f7651916cd43dd8448eb211c80319c-00ad6b7169203331-00");
     }
 
     #[test]

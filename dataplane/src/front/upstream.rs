@@ -2,6 +2,9 @@
 //! our own, one call per request, bounded by proxy.upstream_timeout_s. A stream (generate_stream) is
 //! read frame by frame (`Upstream::stream`); its connection goes back to the pool only when the
 //! stream was read to its end, and is closed at once when the stream is dropped before.
+//!
+//! The same pool posts the front's spans to an OTLP collector (front/tracing.rs), inside TLS when
+//! the collector's URL is https:// (`Upstream::with_tls`).
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,8 +19,17 @@ use hyper_util::rt::TokioIo;
 use std::sync::Mutex;
 use tokio::net::TcpStream;
 use tokio::task::AbortHandle;
+use tokio_rustls::TlsConnector;
+
+/// A TLS client's side of a pool: the verifier's roots and the name the certificate must carry.
+pub struct ClientTls {
+    pub connector: TlsConnector,
+    pub server_name: rustls::pki_types::ServerName<'static>,
+}
 
 pub struct Upstream {
+    /// Some: each connection is TLS first (an https:// collector); Triton's pool is plain (loopback).
+    tls: Option<ClientTls>,
     /// Idle keep-alive connections, most recently used last. A connection goes back here as soon
     /// as its answer is read, before the next request can ask for one: a client sending back to
     /// back reuses one connection instead of racing a second one open.
@@ -82,7 +94,12 @@ pub struct Answer {
 
 impl Upstream {
     pub fn new(authority: String, timeout: Duration) -> Self {
+        Self::with_tls(authority, timeout, None)
+    }
+
+    pub fn with_tls(authority: String, timeout: Duration, tls: Option<ClientTls>) -> Self {
         Upstream {
+            tls,
             idle: Mutex::new(Vec::new()),
             authority,
             timeout,
@@ -139,16 +156,28 @@ impl Upstream {
     async fn connect(&self) -> Result<Pooled, Failure> {
         let stream = TcpStream::connect(&self.authority).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
         let _ = stream.set_nodelay(true);
-        let (sender, connection) =
-            http1::handshake(TokioIo::new(stream)).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
-        self.opened.fetch_add(1, Ordering::Relaxed);
+        // Counted open from here (a handshake that fails drops it, and the count with it).
         self.open.fetch_add(1, Ordering::Relaxed);
         let counted = OpenConnection(self.open.clone());
         // The connection's own task: it ends when the connection closes or its sender is dropped.
-        let task = tokio::spawn(async move {
-            let _counted = counted;
-            let _ = connection.await;
-        });
+        let (sender, task) = match &self.tls {
+            None => {
+                let (sender, connection) =
+                    http1::handshake(TokioIo::new(stream)).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
+                (sender, tokio::spawn(async move { drive(connection, counted).await }))
+            }
+            Some(tls) => {
+                let stream = tls
+                    .connector
+                    .connect(tls.server_name.clone(), stream)
+                    .await
+                    .map_err(|e| Failure::Unreachable(format!("TLS handshake: {e}")))?;
+                let (sender, connection) =
+                    http1::handshake(TokioIo::new(stream)).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
+                (sender, tokio::spawn(async move { drive(connection, counted).await }))
+            }
+        };
+        self.opened.fetch_add(1, Ordering::Relaxed);
         Ok(Pooled { sender, task: task.abort_handle(), idle_since: Instant::now() })
     }
 
@@ -242,6 +271,12 @@ impl Upstream {
             Err(_) => Err(Failure::Timeout),
         }
     }
+}
+
+/// Run one client connection until it closes, counted open meanwhile.
+async fn drive<F: std::future::Future>(connection: F, counted: OpenConnection) {
+    let _counted = counted;
+    let _ = connection.await;
 }
 
 /// An answer being read as it arrives (`Upstream::stream`).

@@ -55,14 +55,15 @@ type CannedTuple = (String, u16, Vec<u8>, Option<u64>, String);
 /// as sidecar/fronts/tls.py loaded and checked them.
 type TlsTuple = (Vec<u8>, Vec<u8>, Option<Vec<u8>>, Vec<String>, String);
 
-/// The resolved `tracing` section (sidecar/fronts/http_front.py's `_tracing`): (endpoint,
-/// sample_rate, parent_based, service_name, service.version, resource attributes, queue_size,
+/// The resolved `tracing` section (sidecar/fronts/http_front.py's `_tracing`): (endpoint, the CA
+/// bundle of an https:// endpoint, sample_rate, parent_based, service_name, service.version, resource attributes, queue_size,
 /// batch_size, export_delay_s, export_timeout_s).
-type TracingTuple = (String, f64, bool, String, String, Vec<(String, String)>, usize, usize, f64, f64);
+type TracingTuple = (String, Option<Vec<u8>>, f64, bool, String, String, Vec<(String, String)>, usize, usize, f64, f64);
 
 fn tracing_settings(
     (
         endpoint,
+        ca_pem,
         sample_rate,
         parent_based,
         service_name,
@@ -76,6 +77,7 @@ fn tracing_settings(
 ) -> PyResult<TracingSettings> {
     Ok(TracingSettings {
         endpoint,
+        ca_pem,
         sample_rate,
         parent_based,
         service_name,
