@@ -33,6 +33,11 @@ pub enum Event {
         count: u64,
     },
     Log(AccessRecord),
+    /// A gRPC call the front answered: its access-log line, `status` 0 and the gRPC code's name.
+    GrpcLog {
+        record: AccessRecord,
+        code: &'static str,
+    },
     /// A request whose handling panicked (answered 500 internal_error): the message, for the log.
     Panic {
         model: String,
@@ -96,7 +101,7 @@ impl Events {
             Event::Failed { .. } | Event::NonFinite { .. } | Event::Panic { .. } | Event::StreamEnded { .. } => true,
             // An access-log line (every failure, a sample of the rest: Python writes each one anyway)
             // is written as the request ends, not a tick later.
-            Event::Log(_) => true,
+            Event::Log(_) | Event::GrpcLog { .. } => true,
             _ => false,
         };
         self.queue_event(event);
