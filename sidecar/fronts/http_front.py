@@ -463,6 +463,9 @@ class HttpFront:
                 log.warning("requests_ended_at_quarantine", model=model, requests=count,
                             cause="the model was quarantined while these requests waited at Triton; they were "
                                   "answered 503 with Retry-After and their connections to Triton closed")
+            elif kind == "grpc_panic":
+                _, model, request_id, cause = event
+                log.error("proxy_internal_error", model=model, cause=cause, protocol="grpc", request_id=request_id)
             elif kind == "panic":
                 log.error("proxy_internal_error", model=event[1], cause=event[2], protocol="http")
             elif kind == "tls_refused":

@@ -43,6 +43,12 @@ pub enum Event {
         model: String,
         message: String,
     },
+    /// A gRPC call whose handling panicked (answered INTERNAL internal_error): for the log.
+    GrpcPanic {
+        model: String,
+        request_id: String,
+        message: String,
+    },
     /// A verified client certificate refused in the handshake (tls.client_allowed_sans), for the
     /// log's tls_client_refused (the counter is counted where the handshake fails).
     TlsRefused {
@@ -98,7 +104,11 @@ impl Events {
 
     pub fn push(&self, event: Event) {
         let urgent = match &event {
-            Event::Failed { .. } | Event::NonFinite { .. } | Event::Panic { .. } | Event::StreamEnded { .. } => true,
+            Event::Failed { .. }
+            | Event::NonFinite { .. }
+            | Event::Panic { .. }
+            | Event::GrpcPanic { .. }
+            | Event::StreamEnded { .. } => true,
             // An access-log line (every failure, a sample of the rest: Python writes each one anyway)
             // is written as the request ends, not a tick later.
             Event::Log(_) | Event::GrpcLog { .. } => true,

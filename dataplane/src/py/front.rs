@@ -464,6 +464,9 @@ impl HttpFront {
                         .into_pyobject(py)?
                 }
                 Event::Panic { model, message } => ("panic", model, message).into_pyobject(py)?,
+                Event::GrpcPanic { model, request_id, message } => {
+                    ("grpc_panic", model, request_id, message).into_pyobject(py)?
+                }
                 Event::TlsRefused { reason, client_subject } => {
                     ("tls_refused", reason, client_subject).into_pyobject(py)?
                 }

@@ -142,8 +142,18 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>) -> Respons
             let message = panic_message(e);
             let shared = &front.shared;
             shared.metrics.internal_errors.inc(&["grpc", call.model.as_str()]);
-            shared.events.push(Event::Panic { model: call.model.clone(), message });
-            Outcome::refusal("internal_error", "the sidecar failed to handle this request; it was logged".to_owned())
+            shared.events.push(Event::GrpcPanic {
+                model: call.model.clone(),
+                request_id: call.request_id.clone(),
+                message,
+            });
+            // sidecar.serving.request's message for the same bug on the Python side.
+            let message = format!(
+                "the sidecar failed while answering this request (panic); this is a bug in the sidecar: its log \
+                 has the panic's message under request id {}",
+                call.request_id
+            );
+            Outcome::refusal("internal_error", message)
         }
     };
     drop(abort);
