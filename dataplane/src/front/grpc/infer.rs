@@ -485,3 +485,99 @@ fn screen(lane: &Lane, response: &mut ModelInferResponse) -> (Vec<String>, Vec<S
     }
     (dropped, non_finite)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use prost::Message;
+
+    use super::super::messages::{InferOutputTensor, InferTensorContents, ModelInferResponse};
+    use super::screen;
+    use crate::front::state::{Breaker, Lane};
+    use crate::serving::generation::GenerateLimits;
+    use crate::serving::validation::{Limits, RequestSpec};
+
+    fn lane(hidden: Option<&[&str]>, check_non_finite: bool) -> Lane {
+        Lane {
+            spec: RequestSpec {
+                model: "m".into(),
+                inputs: vec![],
+                outputs: vec!["scores".into(), "secret".into(), "half".into()],
+                hidden_outputs: HashSet::new(),
+                max_batch_size: 0,
+                limits: Limits { max_elements: 1 << 20, max_bytes_element: 1 << 20, reject_non_finite: true },
+            },
+            hidden: hidden.map(|h| h.iter().map(|s| s.to_string()).collect()),
+            check_non_finite,
+            breaker: std::sync::Arc::new(Breaker::new(1)),
+            generate: GenerateLimits {
+                max_text_bytes: 0,
+                max_tokens: 0,
+                token_limit_keys: HashSet::new(),
+                parameters: HashSet::new(),
+            },
+            stream_idle: Duration::from_secs(1),
+            versions: HashMap::new(),
+        }
+    }
+
+    fn output(name: &str, datatype: &str, contents: Option<InferTensorContents>) -> InferOutputTensor {
+        InferOutputTensor {
+            name: name.into(),
+            datatype: datatype.into(),
+            shape: vec![2],
+            parameters: HashMap::new(),
+            contents,
+        }
+    }
+
+    fn response() -> ModelInferResponse {
+        ModelInferResponse {
+            model_name: "m".into(),
+            id: "r1".into(),
+            outputs: vec![output("scores", "FP32", None), output("secret", "FP32", None), output("half", "FP16", None)],
+            raw_output_contents: vec![
+                Bytes::from([1.0f32.to_le_bytes(), f32::NAN.to_le_bytes()].concat()),
+                Bytes::from([2.0f32.to_le_bytes(), 3.0f32.to_le_bytes()].concat()),
+                Bytes::from_static(&[0x00, 0x3c, 0x00, 0x7c]), // 1.0, +Inf in FP16
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_hidden_output_leaves_with_its_raw_contents_and_nan_is_found_in_what_is_kept() {
+        let mut answer = response();
+        let (dropped, non_finite) = screen(&lane(Some(&["secret"]), true), &mut answer);
+        assert_eq!(dropped, vec!["secret".to_owned()]);
+        assert_eq!(non_finite, vec!["scores".to_owned(), "half".to_owned()]);
+        assert_eq!(answer.outputs.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(), vec!["scores", "half"]);
+        assert_eq!(answer.raw_output_contents.len(), 2);
+        assert_eq!(&answer.raw_output_contents[1][..], &[0x00, 0x3c, 0x00, 0x7c]);
+        // Re-encoded, the rest of the message is Triton's.
+        let again = ModelInferResponse::decode(answer.encode_to_vec().as_slice()).expect("decodes");
+        assert_eq!((again.model_name.as_str(), again.id.as_str()), ("m", "r1"));
+    }
+
+    #[test]
+    fn typed_float_contents_are_screened_and_nothing_is_touched_without_rules() {
+        let mut typed = ModelInferResponse {
+            outputs: vec![output(
+                "scores",
+                "FP64",
+                Some(InferTensorContents { fp64_contents: vec![1.0, f64::INFINITY], ..Default::default() }),
+            )],
+            ..Default::default()
+        };
+        let (dropped, non_finite) = screen(&lane(None, true), &mut typed);
+        assert!(dropped.is_empty());
+        assert_eq!(non_finite, vec!["scores".to_owned()]);
+        let mut untouched = response();
+        let (dropped, non_finite) = screen(&lane(None, false), &mut untouched);
+        assert!(dropped.is_empty() && non_finite.is_empty());
+        assert_eq!(untouched, response());
+    }
+}
