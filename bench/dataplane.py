@@ -2,6 +2,7 @@
 by side in one run against one Triton, for HTTP, gRPC and streams.
 
     .venv/bin/python -m bench.dataplane [--rounds 1] [--duration 2] [--streams 10] [--profile 0] [--front python]
+                                        [--grpc-front rust] [--wires grpc]
 
 Legs (every request correct first: scores right, income_prob dropped by the sidecar only):
 - `direct`: Triton's own HTTP and gRPC ports;
@@ -121,7 +122,8 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         grpc_port = free_port()
         sidecar = SidecarProcess(sidecar_settings(
             triton, models=models, golden_dir=built.golden_dir, filtering={"rules": [CREDIT_FILTER_RULE]},
-            validation={"reject_non_finite": True}, listen={"grpc_port": grpc_port, "front": args.front},
+            validation={"reject_non_finite": True}, listen={"grpc_port": grpc_port, "front": args.front,
+                                                                   "grpc_front": args.grpc_front},
             logging={"format": "json", "level": "info"}), workdir / "sidecar")
         stack.callback(sidecar.stop)
         sidecar.start()
@@ -155,7 +157,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
         meter = Meter(pids, runs)
         for round_no in range(args.rounds):
-            scenarios = [(w, m, c) for w in ("http", "grpc") for m in MODELS for c in CONCURRENCY]
+            scenarios = [(w, m, c) for w in args.wires for m in MODELS for c in CONCURRENCY]
             for i, (wire, label, concurrency) in enumerate(scenarios):
                 legs = LEGS[wire]
                 shift = (round_no + i) % len(legs)
@@ -390,6 +392,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay-ms", type=float, default=2, help="text_echo's time per event (default 2 ms)")
     parser.add_argument("--front", choices=["python", "rust"], default="rust",
                         help="what serves the sidecar's listen.port (listen.front; default rust, the shipped default)")
+    parser.add_argument("--grpc-front", choices=["python", "rust"], default="python",
+                        help="what serves the sidecar's listen.grpc_port (listen.grpc_front; default python, the "
+                             "shipped default)")
+    parser.add_argument("--wires", nargs="+", choices=["http", "grpc"], default=["http", "grpc"],
+                        help="the unary wires measured (default both; streams follow --streams)")
     return run_overhead_benchmark("dataplane", parser.parse_args(argv), measure, verdicts, markdown)
 
 

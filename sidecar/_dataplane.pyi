@@ -154,6 +154,23 @@ class HttpFront:
     def control_silent_for(self) -> float: ...
     def stall_runtime(self, seconds: float) -> None: ...
     def panic_next(self, model: str) -> None: ...
+    def serve_grpc(
+        self,
+        host: str,
+        port: int,
+        backlog: int,
+        back_port: int,
+        triton: str,
+        max_concurrent_streams: int,
+        max_connections: int,
+        max_idle_s: float,
+        max_age_s: float,
+    ) -> int:
+        """listen.grpc_port on this front's runtime (listen.grpc_front: rust); the bound port.
+        ModelInfer to a lane is served here, every other call passed to 127.0.0.1:back_port."""
+    @property
+    def grpc_counts(self) -> tuple[int, int]:
+        """(calls handed to the Python gRPC server, ModelInfer calls answered without it)."""
     def publish(
         self,
         lanes: list[tuple[str, RequestSpec, list[str] | None, bool, GenerateLimits, float,
@@ -171,7 +188,9 @@ class HttpFront:
         """Oldest first: ("answered", model, count), ("failed", model, kind, status, detail),
         ("non_finite", model, outputs), ("ended", model, count), ("log", request_id, trace_id, model,
         method, path, status, duration_ms, reason, client_subject, span_id), ("panic", model, message),
-        ("tls_refused", reason, client_subject), ("stream_ended", model, reason, events, cause)."""
+        ("tls_refused", reason, client_subject), ("stream_ended", model, reason, events, cause),
+        ("grpc_log", request_id, trace_id, model, path, grpc code name, duration_ms, reason),
+        ("grpc_panic", model, request_id, message)."""
     def wake_fd(self) -> int: ...
     def reload_tls(self, tls: tuple[bytes, bytes, bytes | None, list[str], str]) -> None: ...
     def close(self) -> None: ...

@@ -74,6 +74,11 @@ class ListenSection:
     #: (tls.*): the Rust front with rustls, the same files, rotation, mutual TLS and
     #: handshake-failure reasons.
     front: str = "rust"
+    #: What serves listen.grpc_port: "python" (grpcio, sidecar/fronts/grpc_server.py; the default) or
+    #: "rust" (the data plane's gRPC front on the HTTP front's runtime, issue 31's first slice:
+    #: ModelInfer to a trusted model served without Python, every other call passed through to the
+    #: grpcio server behind it on loopback). rust needs listen.front: rust, and no TLS yet.
+    grpc_front: str = "python"
     #: Threads of the Rust front's runtime (listen.front: rust). 1 serves a few thousand requests a
     #: second on one core (Envoy's --concurrency 1); raise it only with the pod's CPU limit above
     #: 2 cores, since Triton shares them.
@@ -574,6 +579,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "listen": _section(host={"type": "string", "minLength": 1}, port=_int(1, 65535),
                            grpc_port=_int(0, 65535), fast_infer={"type": "boolean"},
                            event_loop={"enum": list(EVENT_LOOPS)}, front={"enum": list(FRONTS)},
+                           grpc_front={"enum": list(FRONTS)},
                            workers=_int(1, 64), probe_port=_int(0, 65535),
                            header_timeout_s=_POSITIVE, keepalive_timeout_s=_POSITIVE, max_url_bytes=_int(16),
                            max_header_bytes=_int(64), max_headers=_int(1), max_connections=_int(1),
@@ -927,6 +933,13 @@ def _check_tls_keys(tls: Mapping[str, Any], listen: Mapping[str, Any], source: s
         raise ConfigError(f"{source}: key 'tls.client_ca_file' (mutual TLS) needs tls.cert_file and tls.key_file")
     if tls.get("client_allowed_sans") and not tls.get("client_ca_file"):
         raise ConfigError(f"{source}: key 'tls.client_allowed_sans' needs tls.client_ca_file (mutual TLS)")
+    if listen.get("grpc_front") == "rust" and listen.get("grpc_port", 8081):
+        if tls.get("cert_file"):
+            raise ConfigError(f"{source}: key 'listen.grpc_front': rust serves plaintext only for now (issue 31); "
+                              "with tls.cert_file set use listen.grpc_front: python")
+        if listen.get("front", "rust") != "rust":
+            raise ConfigError(f"{source}: key 'listen.grpc_front': rust runs on the Rust HTTP front's runtime and "
+                              "needs listen.front: rust")
     probe_port = listen.get("probe_port", 0)
     if probe_port and probe_port in (listen.get("port", 8080), listen.get("grpc_port", 8081)):
         raise ConfigError(f"{source}: key 'listen.probe_port' must differ from listen.port and listen.grpc_port")

@@ -160,8 +160,11 @@ def sidecar_config(server: LocalTriton, /, *, models: list[str], golden_dir: Pat
         # No gRPC front unless a test asks for one (with a free port): tests run many sidecars.
         # SIDECAR_TEST_FRONT=python runs a suite against the Python listener alone (make test does,
         # for the listener's modules); the configured default (rust, the data plane's front) else.
+        # SIDECAR_TEST_GRPC_FRONT=rust serves the gRPC port of every test that opens one with the data
+        # plane's gRPC front (make test's third pass, over the gRPC modules).
         listen=replace(base.listen, host="127.0.0.1", port=0, grpc_port=0,
-                       front=os.environ.get("SIDECAR_TEST_FRONT", base.listen.front)),
+                       front=os.environ.get("SIDECAR_TEST_FRONT", base.listen.front),
+                       grpc_front=os.environ.get("SIDECAR_TEST_GRPC_FRONT", base.listen.grpc_front)),
         models=tuple(models),
         golden_dir=golden_dir,
         probes=probes,

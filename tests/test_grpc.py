@@ -5,6 +5,7 @@ never reach Triton, streams pass each response as it comes, and the health servi
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import shutil
 import time
@@ -32,6 +33,14 @@ from tests.harness import REPO, triton_post, wait_for
 from tests.proxy_support import CREDIT_RULE, features, proxy_config, started_and_healthy, triton_successes
 
 DECOUPLED = "decoupled_counter"
+
+#: Which front serves listen.grpc_port in this run: make test runs these modules again with
+#: SIDECAR_TEST_GRPC_FRONT=rust (the data plane's gRPC front, issue 31's first slice).
+GRPC_FRONT = os.environ.get("SIDECAR_TEST_GRPC_FRONT", "python")
+rust_front_only = pytest.mark.skipif(GRPC_FRONT != "rust", reason="the data plane's gRPC front only "
+                                     "(SIDECAR_TEST_GRPC_FRONT=rust)")
+python_front_only = pytest.mark.skipif(GRPC_FRONT == "rust", reason="keepalive ping-strike enforcement is not in "
+                                       "the data plane's gRPC front yet (issue 31, a later slice)")
 DECOUPLED_RULE = FilterRule(model=DECOUPLED, drop_outputs=("SECRET",))
 
 
@@ -489,7 +498,7 @@ async def test_an_open_stream_holds_a_breaker_slot_and_counts_in_the_in_flight_g
     assert [r.as_numpy("VALUE")[0] for _, r, _ in answers] == [0.0, 0.5]
 
 
-async def test_http2_bounds_streams_per_connection_idle_connections_and_ping_floods(triton, start):
+async def test_http2_bounds_streams_per_connection_and_idle_connections(triton, start):
     config = grpc_config(triton, listen={"grpc_max_concurrent_streams": 1, "grpc_max_connection_idle_s": 0.5,
                                          "grpc_min_ping_interval_s": 10})
     sidecar = await started_and_healthy(start, config)
@@ -508,6 +517,14 @@ async def test_http2_bounds_streams_per_connection_idle_connections_and_ping_flo
         await wait_for(lambda: channel.get_state() is grpc.ChannelConnectivity.IDLE, 10,
                        what="the idle connection closed by the server")
         await server_live(live, timeout=5)  # and a next call simply reconnects
+    assert sidecar.state("credit_risk") is ModelState.HEALTHY
+
+
+@python_front_only
+async def test_a_client_that_pings_too_often_is_sent_goaway(triton, start):
+    config = grpc_config(triton, listen={"grpc_min_ping_interval_s": 10})
+    sidecar = await started_and_healthy(start, config)
+    target = f"127.0.0.1:{config.listen.grpc_port}"
     # A client that pings every 100 ms (the floor here is 10 s) is sent GOAWAY (too_many_pings).
     async with grpc.aio.insecure_channel(target, options=[
             ("grpc.keepalive_time_ms", 100), ("grpc.keepalive_permit_without_calls", 1),
@@ -574,3 +591,66 @@ async def _served(channel: grpc.aio.Channel, live: bytes) -> bool:
     except grpc.aio.AioRpcError:
         return False
     return True
+
+
+async def _served_by_the_lane(sidecar, target: str, request: bytes) -> bool:  # type: ignore[no-untyped-def]
+    """One ModelInfer answered OK by the data plane's gRPC front itself (the model is a lane)."""
+    before = sidecar.server.grpc_served
+    code, _, _, _ = await _raw_call(target, "ModelInfer", request)
+    return code is grpc.StatusCode.OK and sidecar.server.grpc_served > before
+
+
+@rust_front_only
+async def test_model_infer_to_a_trusted_model_never_enters_python(triton, grpc_sidecar):
+    x = features(rows=2, seed=21)
+    request = _credit_request("credit_risk", x).SerializeToString()
+    await wait_for(lambda: _served_by_the_lane(grpc_sidecar, grpc_sidecar.grpc, request), 10,
+                   what="credit_risk published as a lane")
+    front = grpc_sidecar.server
+    handovers, served = front.grpc_handovers, front.grpc_served
+    counted = grpc_sidecar.metric("triton_sidecar_proxy_requests_total", protocol="grpc", model="credit_risk",
+                                  code="OK")
+    client = grpcclient_aio.InferenceServerClient(grpc_sidecar.grpc)
+    try:
+        for _ in range(20):
+            result = await client.infer("credit_risk", _infer_inputs(x))
+            assert result.as_numpy("scores") is not None and result.as_numpy("income_prob") is None
+    finally:
+        await client.close()
+    assert front.grpc_handovers == handovers, "a ModelInfer to a lane was handed to the Python gRPC server"
+    assert front.grpc_served == served + 20
+    assert grpc_sidecar.metric("triton_sidecar_proxy_requests_total", protocol="grpc", model="credit_risk",
+                               code="OK") == counted + 20
+
+
+@rust_front_only
+async def test_the_lane_refuses_a_malformed_request_and_withholds_a_nan_answer(triton, fresh_model, start):
+    model = fresh_model.name
+    # Rounds far apart: the NaN answer must meet the lane, not a probe round that quarantines first.
+    config = grpc_config(triton, models=[model], golden_dir=fresh_model.golden_dir, probes={"interval_s": 30})
+    sidecar = await started_and_healthy(start, config)
+    target = f"127.0.0.1:{config.listen.grpc_port}"
+    good = _credit_request(model, features(rows=1, seed=3)).SerializeToString()
+    await wait_for(lambda: _served_by_the_lane(sidecar, target, good), 10, what=f"{model} published as a lane")
+    front = sidecar.server
+    handovers = front.grpc_handovers
+    bad = _credit_request(model, features(rows=1, seed=3))
+    bad.raw_input_contents[0] = bad.raw_input_contents[0][:100]
+    code, details, trailing, _ = await _raw_call(target, "ModelInfer", bad.SerializeToString())
+    assert (code, trailing.get("x-sidecar-reason")) == (grpc.StatusCode.INVALID_ARGUMENT, "shape"), details
+    assert trailing.get("x-request-id")
+    fresh_model.inject("nan")
+    refused: list[tuple[grpc.StatusCode, str, dict]] = []
+
+    async def nan_met() -> bool:
+        code, details, trailing, _ = await _raw_call(target, "ModelInfer", good)
+        if code is not grpc.StatusCode.OK:
+            refused.append((code, details, trailing))
+        return bool(refused)
+
+    await wait_for(nan_met, 10, what="the NaN answer")
+    code, details, trailing = refused[0]
+    assert (code, trailing.get("x-sidecar-reason")) == (grpc.StatusCode.INTERNAL, "non_finite_output"), details
+    assert "NaN/Inf" in details
+    assert front.grpc_handovers == handovers, "the lane handed a call to the Python gRPC server"
+    assert sidecar.metric("triton_sidecar_proxy_rejections_total", protocol="grpc", model=model, reason="shape") == 1

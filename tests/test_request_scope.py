@@ -27,7 +27,7 @@ from sidecar.serving.request import RequestWrapper
 from sidecar.serving.telemetry import GRPC, HTTP, RequestTelemetry
 from tests.harness import wait_for
 from tests.proxy_support import credit_json, features, proxy_config, started_and_healthy
-from tests.test_grpc import _credit_request, _raw_call, grpc_config
+from tests.test_grpc import GRPC_FRONT, _credit_request, _raw_call, _served_by_the_lane, grpc_config
 
 CREDIT = "/v2/models/credit_risk/infer"
 
@@ -154,21 +154,33 @@ async def test_an_unexpected_error_is_internal_over_grpc_logged_and_counted(trit
     config = grpc_config(triton, models=["credit_risk"])
     sidecar = await started_and_healthy(start, config)
     target = f"127.0.0.1:{config.listen.grpc_port}"
-    monkeypatch.setattr(GrpcInferExchange, "validate", _boom)
     request = _credit_request("credit_risk", features(rows=1, seed=3)).SerializeToString()
+    rust = GRPC_FRONT == "rust"
+    if rust:  # the data plane's gRPC lane serves it: a panic in its task, caught per call
+        await wait_for(lambda: _served_by_the_lane(sidecar, target, request), 10, what="credit_risk a lane")
+        sidecar.server.panic_next("credit_risk")
+    else:
+        monkeypatch.setattr(GrpcInferExchange, "validate", _boom)
+    ok_before = sidecar.metric("triton_sidecar_proxy_requests_total", protocol="grpc", model="credit_risk", code="OK")
     with capture_logs() as logs:
         code, details, trailing, _ = await _raw_call(target, "ModelInfer", request,
                                                      metadata=(("x-request-id", "grpc-boom"),))
+        if rust:  # the panic reaches the log through Python's loop, just after its answer
+            await wait_for(lambda: any(e["event"] == "proxy_internal_error" for e in logs), 5, what="the panic logged")
     assert code is grpc.StatusCode.INTERNAL, details
     assert trailing["x-sidecar-reason"] == "internal_error" and trailing["x-request-id"] == "grpc-boom"
-    assert "grpc-boom" in details and "injected fault" not in details
+    assert "grpc-boom" in details and "injected fault" not in details and "panic_next" not in details
     crashes = [e for e in logs if e["event"] == "proxy_internal_error"]
-    assert len(crashes) == 1 and crashes[0]["exc_info"].__traceback__ is not None
+    assert len(crashes) == 1 and crashes[0]["protocol"] == "grpc"
+    if rust:
+        assert "panic_next" in crashes[0]["cause"] and crashes[0]["request_id"] == "grpc-boom"
+    else:
+        assert crashes[0]["exc_info"].__traceback__ is not None
     assert sidecar.metric("triton_sidecar_proxy_internal_errors_total", protocol="grpc", model="credit_risk") == 1
     # Before the wrapper, gRPC recorded this as OK.
     assert sidecar.metric("triton_sidecar_proxy_requests_total", protocol="grpc", model="credit_risk",
                           code="INTERNAL") == 1
     assert sidecar.metric("triton_sidecar_proxy_requests_total", protocol="grpc", model="credit_risk",
-                          code="OK") is None
+                          code="OK") == ok_before
     assert sidecar.app[LIFECYCLE].in_flight == 0
 

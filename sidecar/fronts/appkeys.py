@@ -91,3 +91,8 @@ SERVING = web.AppKey("serving", ServingCore)
 
 #: The TLS material in force and its watch; set only when tls.cert_file and tls.key_file are.
 TLS = web.AppKey("tls", ServerTls)
+
+
+#: The port of the Python gRPC server when it listens on loopback behind the data plane's gRPC
+#: front (listen.grpc_front: rust), set once it listens (sidecar.fronts.grpc_server.grpc_front).
+GRPC_BACK_PORT = web.AppKey("grpc_back_port", int)

@@ -29,7 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from sidecar.config import SidecarConfig
-from sidecar.fronts.appkeys import CONFIG, READINESS, SERVING, STATES, TLS, WATCH
+from sidecar.fronts.appkeys import CONFIG, GRPC_BACK_PORT, READINESS, SERVING, STATES, TLS, WATCH
 from sidecar.fronts.grpc_tls import GrpcCredentials, grpc_client_subject, grpc_interceptors
 from sidecar.fronts.http_routes import cohort_of, exposed_extensions
 from sidecar.messages import cut
@@ -688,8 +688,15 @@ async def grpc_front(app: web.Application) -> AsyncIterator[None]:
         yield
         return
     front = GrpcFront(app)
-    await front.start(config.listen.host, config.listen.grpc_port)
-    log.info("grpc_listening", listen=f"{config.listen.host}:{front.port}", triton=config.triton.grpc_url)
+    if config.listen.grpc_front == "rust":
+        # Behind the data plane's gRPC front (sidecar/fronts/http_front.py), which owns
+        # listen.grpc_port and hands this server every call it does not serve itself.
+        await front.start("127.0.0.1", 0)
+        app[GRPC_BACK_PORT] = front.port
+        log.info("grpc_behind_front", back=f"127.0.0.1:{front.port}", triton=config.triton.grpc_url)
+    else:
+        await front.start(config.listen.host, config.listen.grpc_port)
+        log.info("grpc_listening", listen=f"{config.listen.host}:{front.port}", triton=config.triton.grpc_url)
     try:
         yield
     finally:

@@ -46,7 +46,7 @@ from aiohttp import web
 from sidecar import __version__
 from sidecar._dataplane import HttpFront as NativeFront
 from sidecar.config import ConfigError, TracingSection
-from sidecar.fronts.appkeys import CONFIG, HEARTBEATS, LIFECYCLE, SERVING, STATES, TLS, WATCH
+from sidecar.fronts.appkeys import CONFIG, GRPC_BACK_PORT, HEARTBEATS, LIFECYCLE, SERVING, STATES, TLS, WATCH
 from sidecar.fronts.http_listener import SidecarListener
 from sidecar.fronts.http_routes import live_refusal, ready_refusal
 from sidecar.fronts.tls import HANDSHAKE_TIMEOUT_S, ServerTls, TlsFileError, TlsMaterial
@@ -106,6 +106,8 @@ class HttpFront:
         #: request rather than after it.
         self._warming: dict[str, asyncio.Task[None]] = {}
         self._wake: socket.socket | None = None
+        #: listen.grpc_port as bound by the data plane's gRPC front (listen.grpc_front: rust), else 0.
+        self.grpc_port = 0
 
     @property
     def core(self) -> ServingCore:
@@ -149,6 +151,8 @@ class HttpFront:
         if tls is not None:
             tls.add_reload_listener(self._reload_tls)
         native = self._native
+        if listen.grpc_port and listen.grpc_front == "rust":
+            self._serve_grpc(host)
         self.app[HEARTBEATS].watch(FRONT_RUNTIME, lambda: native.runtime_silent_for)
         # SIGTERM's drain waits for the requests the front serves on its own too (in flight, and
         # quiet for the same period as the Python listener's).
@@ -165,7 +169,33 @@ class HttpFront:
         asyncio.get_running_loop().add_reader(self._wake.fileno(), self._woken)
         self.publish(force=True)
 
+    def _serve_grpc(self, host: str) -> None:
+        """listen.grpc_port on the front's runtime (listen.grpc_front: rust), the Python gRPC server
+        (started with the app, on loopback) behind it."""
+        config = self.app[CONFIG]
+        listen = config.listen
+        if self.app.get(TLS) is not None:
+            raise TlsFileError("listen.grpc_front: rust serves plaintext only for now (issue 31); with "
+                               "tls.cert_file set use listen.grpc_front: python")
+        assert self._native is not None
+        self.grpc_port = self._native.serve_grpc(host, listen.grpc_port, listen.max_connections,
+                                                 self.app[GRPC_BACK_PORT], config.triton.grpc_url,
+                                                 listen.grpc_max_concurrent_streams, listen.max_connections,
+                                                 listen.grpc_max_connection_idle_s, listen.grpc_max_connection_age_s)
+        log.info("grpc_listening", listen=f"{host}:{self.grpc_port}", triton=config.triton.grpc_url,
+                 front="rust")
+
     # -- the listener's interface (tests and the CLI read these) -------------------------------------
+
+    @property
+    def grpc_handovers(self) -> int:
+        """gRPC calls the data plane's gRPC front handed to the Python gRPC server."""
+        return self._native.grpc_counts[0] if self._native is not None else 0
+
+    @property
+    def grpc_served(self) -> int:
+        """ModelInfer calls the data plane's gRPC front answered without Python."""
+        return self._native.grpc_counts[1] if self._native is not None else 0
 
     @property
     def port(self) -> int:
@@ -407,6 +437,14 @@ class HttpFront:
                     log.info("client_disconnected", model=model, request_id=request_id,
                              cause="client closed the connection while Triton was answering; upstream call cancelled")
                 (log.warning if status >= 500 else log.info)("proxy_request", **fields)
+            elif kind == "grpc_log":
+                _, request_id, trace_id, model, path, code, duration_ms, reason = event
+                fields = {"request_id": request_id, "trace_id": trace_id, "model": model, "protocol": "grpc",
+                          "method": "grpc", "path": path, "status": code, "duration_ms": duration_ms}
+                if reason:
+                    fields["reason"] = reason
+                server_side = code in ("UNAVAILABLE", "INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED", "DATA_LOSS")
+                (log.warning if server_side else log.info)("proxy_request", **fields)
             elif kind == "failed":
                 _, model, how, status, detail = event
                 if how == "unreachable":
@@ -429,6 +467,9 @@ class HttpFront:
                 log.warning("requests_ended_at_quarantine", model=model, requests=count,
                             cause="the model was quarantined while these requests waited at Triton; they were "
                                   "answered 503 with Retry-After and their connections to Triton closed")
+            elif kind == "grpc_panic":
+                _, model, request_id, cause = event
+                log.error("proxy_internal_error", model=model, cause=cause, protocol="grpc", request_id=request_id)
             elif kind == "panic":
                 log.error("proxy_internal_error", model=event[1], cause=event[2], protocol="http")
             elif kind == "tls_refused":

@@ -33,9 +33,20 @@ pub enum Event {
         count: u64,
     },
     Log(AccessRecord),
+    /// A gRPC call the front answered: its access-log line, `status` 0 and the gRPC code's name.
+    GrpcLog {
+        record: AccessRecord,
+        code: &'static str,
+    },
     /// A request whose handling panicked (answered 500 internal_error): the message, for the log.
     Panic {
         model: String,
+        message: String,
+    },
+    /// A gRPC call whose handling panicked (answered INTERNAL internal_error): for the log.
+    GrpcPanic {
+        model: String,
+        request_id: String,
         message: String,
     },
     /// A verified client certificate refused in the handshake (tls.client_allowed_sans), for the
@@ -93,10 +104,14 @@ impl Events {
 
     pub fn push(&self, event: Event) {
         let urgent = match &event {
-            Event::Failed { .. } | Event::NonFinite { .. } | Event::Panic { .. } | Event::StreamEnded { .. } => true,
+            Event::Failed { .. }
+            | Event::NonFinite { .. }
+            | Event::Panic { .. }
+            | Event::GrpcPanic { .. }
+            | Event::StreamEnded { .. } => true,
             // An access-log line (every failure, a sample of the rest: Python writes each one anyway)
             // is written as the request ends, not a tick later.
-            Event::Log(_) => true,
+            Event::Log(_) | Event::GrpcLog { .. } => true,
             _ => false,
         };
         self.queue_event(event);

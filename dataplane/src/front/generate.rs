@@ -124,7 +124,7 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
     if let Err(refused) = checked {
         return body_refusal(shared, model, &refused);
     }
-    let permit = match slot(shared, &lane.breaker, model).await {
+    let permit = match slot(shared, &lane.breaker, model, "http").await {
         Ok(permit) => permit,
         Err(refused) => return refused,
     };

@@ -202,7 +202,7 @@ async fn run(shared: Arc<Shared>, request: Infer, tx: mpsc::Sender<Out>) {
     if let Err(refused) = checked {
         return whole(&mut record, body_refusal(shared, model, &refused));
     }
-    let permit = match slot(shared, &lane.breaker, model).await {
+    let permit = match slot(shared, &lane.breaker, model, "http").await {
         Ok(permit) => permit,
         Err(refused) => return whole(&mut record, refused),
     };

@@ -115,7 +115,7 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
         };
         return rejected(shared, model, refusal(refused.reason.label(), status, &refused.message, model, &extra));
     }
-    let permit = match slot(shared, &lane.breaker, model).await {
+    let permit = match slot(shared, &lane.breaker, model, "http").await {
         Ok(permit) => permit,
         Err(refused) => return refused,
     };
@@ -170,15 +170,21 @@ async fn answer(shared: &Shared, request: &Infer) -> Reply {
 }
 
 /// The model's breaker (as sidecar/serving/breaker.py): a slot at once, or a place in the queue for
-/// up to proxy.upstream_timeout_s; else the overloaded refusal, counted as a rejection.
-pub(super) async fn slot<'a>(shared: &Shared, breaker: &'a Breaker, model: &str) -> Result<SemaphorePermit<'a>, Reply> {
+/// up to proxy.upstream_timeout_s; else the overloaded refusal, counted as a rejection of `protocol`
+/// (http, grpc).
+pub(super) async fn slot<'a>(
+    shared: &Shared,
+    breaker: &'a Breaker,
+    model: &str,
+    protocol: &str,
+) -> Result<SemaphorePermit<'a>, Reply> {
     if let Ok(permit) = breaker.slots.try_acquire() {
         return Ok(permit);
     }
     let waiting = breaker.waiting();
     if waiting >= shared.settings.queue_size_per_model {
         let message = format!("model {model} has too many requests in flight and {waiting} waiting; retry later");
-        return Err(rejected(shared, model, overloaded(&message, model)));
+        return Err(rejected_on(shared, protocol, model, overloaded(&message, model)));
     }
     let acquired = {
         // Out of the queue however the wait ends: a slot, the time up, or the task aborted (its
@@ -191,7 +197,7 @@ pub(super) async fn slot<'a>(shared: &Shared, breaker: &'a Breaker, model: &str)
         _ => {
             let wait = shared.settings.upstream_timeout.as_secs_f64();
             let message = format!("model {model}: no free slot within {} s", crate::protocol::pytext::format_g(wait));
-            Err(rejected(shared, model, overloaded(&message, model)))
+            Err(rejected_on(shared, protocol, model, overloaded(&message, model)))
         }
     }
 }
@@ -300,7 +306,12 @@ fn overloaded(message: &str, model: &str) -> Reply {
 
 /// A refusal before Triton: counted in proxy_rejections_total.
 pub(super) fn rejected(shared: &Shared, model: &str, reply: Reply) -> Reply {
-    shared.metrics.rejections.inc(&["http", model, reply.reason]);
+    rejected_on(shared, "http", model, reply)
+}
+
+/// `rejected` for a request that came over `protocol` (http, grpc).
+pub(super) fn rejected_on(shared: &Shared, protocol: &str, model: &str, reply: Reply) -> Reply {
+    shared.metrics.rejections.inc(&[protocol, model, reply.reason]);
     reply
 }
 

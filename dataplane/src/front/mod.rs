@@ -12,11 +12,16 @@
 //! State comes down as snapshots (`state`, swapped atomically, read without a lock); what the health
 //! loop must hear goes up as events (`events`, drained by Python in batches). With tls.cert_file set,
 //! each connection's TLS handshake comes first (`tls`); the connection then serves HTTP inside it.
+//!
+//! With `listen.grpc_front: rust` the same runtime and state serve `listen.grpc_port` too (`grpc`):
+//! ModelInfer to a lane without Python, every other call passed through to the Python gRPC server
+//! behind it on loopback.
 
 pub mod connection;
 pub mod events;
 pub mod generate;
 pub mod generate_stream;
+pub mod grpc;
 pub mod lane;
 pub mod reply;
 pub mod settings;

@@ -19,6 +19,7 @@ use std::os::fd::IntoRawFd;
 use std::os::unix::net::UnixStream;
 
 use crate::front::events::{Event, Events};
+use crate::front::grpc::{self, GrpcFront, GrpcSettings};
 use crate::front::settings::Settings;
 use crate::front::state::{Breaker, Canned, Ended, Lane, Snapshot};
 use crate::front::tls::{server_config, Terminator, TlsMaterial};
@@ -106,6 +107,8 @@ pub struct HttpFront {
     breakers: Mutex<HashMap<String, Arc<Breaker>>>,
     runtime: tokio::runtime::Handle,
     workers: usize,
+    /// The gRPC front on the same runtime (`serve_grpc`), once started.
+    grpc: Mutex<Option<Arc<GrpcFront>>>,
 }
 
 fn secs(value: f64, key: &str) -> PyResult<Duration> {
@@ -237,6 +240,7 @@ impl HttpFront {
             breakers: Mutex::new(HashMap::new()),
             runtime,
             workers: workers.max(1),
+            grpc: Mutex::new(None),
         })
     }
 
@@ -250,6 +254,64 @@ impl HttpFront {
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         terminator.swap(config);
         Ok(())
+    }
+
+    /// Serve `listen.grpc_port` on this front's runtime (listen.grpc_front: rust): bind `host:port`
+    /// (0: any free port) and return the port. ModelInfer to a lane is served here; every other
+    /// call goes to the Python gRPC server on 127.0.0.1:`back_port`. `triton`: Triton's gRPC
+    /// "host:port" (triton.grpc_url).
+    #[pyo3(signature = (host, port, backlog, back_port, triton, max_concurrent_streams, max_connections, max_idle_s, max_age_s))]
+    #[allow(clippy::too_many_arguments)]
+    fn serve_grpc(
+        &self,
+        host: &str,
+        port: u16,
+        backlog: i32,
+        back_port: u16,
+        triton: String,
+        max_concurrent_streams: u32,
+        max_connections: usize,
+        max_idle_s: f64,
+        max_age_s: f64,
+    ) -> PyResult<u16> {
+        let bound = |s: f64, key: &str| -> PyResult<Option<Duration>> {
+            if s > 0.0 {
+                secs(s, key).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let max_idle = bound(max_idle_s, "listen.grpc_max_connection_idle_s")?;
+        let max_age = bound(max_age_s, "listen.grpc_max_connection_age_s")?;
+        let address = (host, port)
+            .to_socket_addrs()
+            .map_err(|e| PyOSError::new_err(format!("listen.host {host}: {e}")))?
+            .next()
+            .ok_or_else(|| PyOSError::new_err(format!("listen.host {host}: no address")))?;
+        let listener =
+            bind(address, backlog).map_err(|e| PyOSError::new_err(format!("listen.grpc_port {port}: {e}")))?;
+        let bound = listener.local_addr().map_err(|e| PyOSError::new_err(e.to_string()))?.port();
+        let settings = GrpcSettings { max_concurrent_streams, max_connections, max_idle, max_age };
+        let front = Arc::new(GrpcFront::new(self.shared.clone(), format!("127.0.0.1:{back_port}"), triton, settings));
+        let stopped = self.stop.subscribe();
+        let serving = front.clone();
+        self.runtime.spawn(async move {
+            if let Ok(listener) = tokio::net::TcpListener::from_std(listener) {
+                grpc::accept_loop(listener, serving, stopped).await;
+            }
+        });
+        if let Ok(mut slot) = self.grpc.lock() {
+            *slot = Some(front);
+        }
+        Ok(bound)
+    }
+
+    /// gRPC calls handed to the Python gRPC server, and ModelInfer calls answered without it
+    /// (0, 0 before serve_grpc).
+    #[getter]
+    fn grpc_counts(&self) -> (u64, u64) {
+        let front = self.grpc.lock().ok().and_then(|g| g.clone());
+        front.map(|f| (f.handovers.load(Ordering::Relaxed), f.served.load(Ordering::Relaxed))).unwrap_or((0, 0))
     }
 
     /// The descriptor Python's loop watches for urgent events (its owner from now on: call once).
@@ -399,7 +461,14 @@ impl HttpFront {
                     r.span_id,
                 )
                     .into_pyobject(py)?,
+                Event::GrpcLog { record: r, code } => {
+                    ("grpc_log", r.request_id, r.trace_id, r.model, r.path, code, r.duration_ms, r.reason)
+                        .into_pyobject(py)?
+                }
                 Event::Panic { model, message } => ("panic", model, message).into_pyobject(py)?,
+                Event::GrpcPanic { model, request_id, message } => {
+                    ("grpc_panic", model, request_id, message).into_pyobject(py)?
+                }
                 Event::TlsRefused { reason, client_subject } => {
                     ("tls_refused", reason, client_subject).into_pyobject(py)?
                 }

@@ -1,0 +1,583 @@
+//! ModelInfer served without Python to a model published as a lane: validate -> breaker -> Triton
+//! -> screen -> count, the order of lane.rs (and sidecar.serving.core.ServingCore.infer), with the
+//! gRPC front's codes, messages and trailing metadata (`x-request-id`, `x-sidecar-reason`,
+//! `grpc-retry-pushback-ms`).
+//!
+//! The request is decoded (prost) only to be checked, as the same v2 document and binary chunks the
+//! Python gRPC front builds (`document`), by the one validation rule; Triton gets the client's bytes
+//! unchanged. Triton's answer is decoded only when the model has hidden outputs or is screened for
+//! NaN/Inf, and re-encoded only when an output is removed. Whatever the lane does not serve (a
+//! model or version that is not a lane, a pin by header, a compressed or malformed message, tracing
+//! on) goes to the Python gRPC server with the bytes already read.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::header::HeaderValue;
+use hyper::{HeaderMap, Request, Response};
+use prost::Message;
+
+use crate::front::connection::{panic_message, request_id, trace_id};
+use crate::front::events::{AccessRecord, Event};
+use crate::front::lane::{self, AtTriton, InFlight};
+use crate::front::reply::Reply;
+use crate::front::state::Lane;
+use crate::front::upstream::Failure;
+use crate::protocol::datatypes::first_non_finite;
+use crate::protocol::pytext::cut;
+use crate::serving::validation::validate_infer_request;
+
+use super::document::infer_document;
+use super::messages::{ModelInferRequest, ModelInferResponse};
+use super::wire::{self, Code, GrpcBody};
+use super::GrpcFront;
+
+pub const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
+
+/// One ModelInfer the lane serves.
+struct Call {
+    model: String,
+    /// The version the request names ("" = Triton picks).
+    version: String,
+    lane: Arc<Lane>,
+    /// The client's body as it came (one framed message): what Triton gets.
+    body: Bytes,
+    request: ModelInferRequest,
+    request_id: String,
+    trace_id: String,
+    traceparent: Option<HeaderValue>,
+    tracestate: Option<HeaderValue>,
+    /// The client's deadline bounded by proxy.upstream_timeout_s.
+    bound: Duration,
+    started: Instant,
+}
+
+/// How a call ends: its status, message and the trailing metadata that goes with it.
+struct Outcome {
+    code: Code,
+    message: String,
+    /// `message` is Triton's grpc-message as it came (already percent-encoded).
+    encoded: bool,
+    /// The answer, framed (OK only).
+    data: Option<Bytes>,
+    reason: &'static str,
+    retry_after: Option<u64>,
+}
+
+impl Outcome {
+    fn ok(data: Bytes) -> Self {
+        Outcome {
+            code: wire::OK,
+            message: String::new(),
+            encoded: false,
+            data: Some(data),
+            reason: "",
+            retry_after: None,
+        }
+    }
+
+    /// One of the lane's refusals (breaker, quarantine at Triton, Triton failed), as its HTTP
+    /// reply: the same reason, message and Retry-After, with the reason's gRPC code.
+    fn refused(reply: Reply) -> Self {
+        Outcome {
+            code: Code::of_reason(reply.reason),
+            message: refusal_message(&reply.body),
+            encoded: false,
+            data: None,
+            reason: reply.reason,
+            retry_after: reply.retry_after,
+        }
+    }
+
+    fn refusal(reason: &'static str, message: String) -> Self {
+        Outcome { code: Code::of_reason(reason), message, encoded: false, data: None, reason, retry_after: None }
+    }
+}
+
+/// A refusal's `error` member (its message, whole).
+fn refusal_message(body: &[u8]) -> String {
+    match crate::protocol::json::parse(body) {
+        Ok(crate::protocol::json::Value::Object(members)) => members
+            .iter()
+            .find(|(k, _)| k == "error")
+            .and_then(|(_, v)| match v {
+                crate::protocol::json::Value::Str(s) => Some(s.to_string()),
+                _ => None,
+            })
+            .unwrap_or_default(),
+        _ => String::from_utf8_lossy(body).into_owned(),
+    }
+}
+
+/// Read the call's message, then serve it here or hand it to the Python gRPC server.
+pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>) -> Response<GrpcBody> {
+    let started = Instant::now();
+    let (parts, body) = request.into_parts();
+    let limit = front.shared.settings.max_body_bytes;
+    let body = match read_message(body, limit).await {
+        Ok(body) => body,
+        Err(Read::TooLarge(size)) => {
+            // grpcio's own refusal of a message over grpc.max_receive_message_length.
+            let message = format!("Received message larger than max ({size} vs. {limit})");
+            return wire::answer(wire::RESOURCE_EXHAUSTED, &message, false, None, &[]);
+        }
+        Err(Read::Failed(e)) => return wire::answer(wire::CANCELLED, &e, false, None, &[]),
+    };
+    let Some(call) = lane_call(&front, &parts.headers, &body, started) else {
+        return front.pass_through(parts, super::collected(body)).await;
+    };
+    front.served.fetch_add(1, Ordering::Relaxed);
+    // Its own task, so a panic ends this call alone (INTERNAL, counted, logged); aborted with this
+    // future when the client resets the stream, which drops the call to Triton (cancelled there).
+    let call = Arc::new(call);
+    let task = tokio::spawn(answer(front.clone(), call.clone()));
+    let abort = AbortOnDrop(task.abort_handle());
+    let outcome = match task.await {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            let message = panic_message(e);
+            let shared = &front.shared;
+            shared.metrics.internal_errors.inc(&["grpc", call.model.as_str()]);
+            shared.events.push(Event::GrpcPanic {
+                model: call.model.clone(),
+                request_id: call.request_id.clone(),
+                message,
+            });
+            // sidecar.serving.request's message for the same bug on the Python side.
+            let message = format!(
+                "the sidecar failed while answering this request (panic); this is a bug in the sidecar: its log \
+                 has the panic's message under request id {}",
+                call.request_id
+            );
+            Outcome::refusal("internal_error", message)
+        }
+    };
+    drop(abort);
+    finish(&front, &call, &outcome);
+    let mut metadata: Vec<(&'static str, String)> = vec![("x-request-id", call.request_id.clone())];
+    if !outcome.reason.is_empty() {
+        metadata.push(("x-sidecar-reason", outcome.reason.to_owned()));
+    }
+    if let Some(seconds) = outcome.retry_after {
+        metadata.push(("grpc-retry-pushback-ms", (seconds * 1000).to_string()));
+    }
+    wire::answer(outcome.code, &outcome.message, outcome.encoded, outcome.data, &metadata)
+}
+
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+enum Read {
+    TooLarge(usize),
+    Failed(String),
+}
+
+/// The call's body, refused as soon as its message's length (its framing says it first) or the
+/// bytes sent pass validation.max_body_bytes.
+async fn read_message(mut body: Incoming, limit: usize) -> Result<Bytes, Read> {
+    let mut out = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| Read::Failed(format!("the client's message was cut: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            out.extend_from_slice(&data);
+            if out.len() >= 5 {
+                let declared = u32::from_be_bytes([out[1], out[2], out[3], out[4]]) as usize;
+                if declared > limit {
+                    return Err(Read::TooLarge(declared));
+                }
+            }
+            if out.len() > limit + 5 {
+                return Err(Read::TooLarge(out.len() - 5));
+            }
+        }
+    }
+    Ok(out.freeze())
+}
+
+/// The call when the lane serves it: one uncompressed message that decodes, no pin by header, its
+/// model a lane (and its version one of the lane's), tracing off (the Python front traces gRPC).
+fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Instant) -> Option<Call> {
+    let shared = &front.shared;
+    if shared.tracing.is_some() || headers.contains_key("x-model-version") {
+        return None;
+    }
+    let message = wire::single_message(body)?;
+    let request = ModelInferRequest::decode(message).ok()?;
+    let model_lane = shared.state.load().lanes.get(&request.model_name)?.clone();
+    let version = request.model_version.clone();
+    let lane = if version.is_empty() { model_lane } else { model_lane.versions.get(&version)?.clone() };
+    let text = |key: &str| headers.get(key).and_then(|v| v.to_str().ok());
+    let upstream = shared.settings.upstream_timeout;
+    let bound = match wire::timeout(headers) {
+        Some(client) => client.min(upstream).max(Duration::from_millis(1)),
+        None => upstream,
+    };
+    Some(Call {
+        model: request.model_name.clone(),
+        version,
+        lane,
+        body: body.clone(),
+        request_id: request_id(text("x-request-id")),
+        trace_id: trace_id(text("traceparent")),
+        traceparent: headers.get("traceparent").cloned(),
+        tracestate: headers.get("tracestate").cloned(),
+        request,
+        bound,
+        started,
+    })
+}
+
+/// Count the call and send up its access-log line (every failure, a sample of the rest), as
+/// sidecar.serving.telemetry.RequestTelemetry.finish does for the Python gRPC front.
+fn finish(front: &GrpcFront, call: &Call, outcome: &Outcome) {
+    let shared = &front.shared;
+    let seconds = call.started.elapsed().as_secs_f64();
+    shared.metrics.finish("grpc", &call.model, outcome.code.1, seconds);
+    shared.fast_requests.fetch_add(1, Ordering::Relaxed);
+    let failed = outcome.code != wire::OK || !outcome.reason.is_empty();
+    let rate = shared.settings.access_log_sample_rate;
+    let sampled = rate >= 1.0
+        || (rate > 0.0 && ((crate::front::connection::random_u64() >> 11) as f64 / (1u64 << 53) as f64) < rate);
+    if failed || sampled {
+        let record = AccessRecord {
+            request_id: call.request_id.clone(),
+            trace_id: call.trace_id.clone(),
+            span_id: String::new(),
+            model: call.model.clone(),
+            method: "grpc".to_owned(),
+            path: MODEL_INFER.to_owned(),
+            status: 0,
+            duration_ms: (seconds * 100_000.0).round() / 100.0,
+            reason: outcome.reason.to_owned(),
+            client_subject: Arc::from(""),
+        };
+        shared.events.push(Event::GrpcLog { record, code: outcome.code.1 });
+    }
+}
+
+async fn answer(front: Arc<GrpcFront>, call: Arc<Call>) -> Outcome {
+    let shared = &front.shared;
+    let _counted = InFlight::new(shared);
+    let model = call.model.as_str();
+    let lane = &call.lane;
+    shared.injected_panic.strike(model);
+    if !call.version.is_empty() {
+        shared.metrics.routed.inc(&[model, call.version.as_str(), "pinned"]);
+    }
+    let checked = infer_document(&call.request).and_then(|(body, header_length)| {
+        let hidden = |name: &str| lane.is_hidden(name);
+        validate_infer_request(&lane.spec, &body, Some(header_length as i64), &hidden).map(|_| ())
+    });
+    if let Err(refused) = checked {
+        let reason = refused.reason.label();
+        shared.metrics.rejections.inc(&["grpc", model, reason]);
+        return Outcome::refusal(reason, refused.message);
+    }
+    let permit = match lane::slot(shared, &lane.breaker, model, "grpc").await {
+        Ok(permit) => permit,
+        Err(refused) => return Outcome::refused(refused),
+    };
+    let _at_triton = AtTriton::new(shared, model);
+    // A quarantine that begins while the call is at Triton ends it at once (admission.py's
+    // _end_waiting); dropping the call resets its stream at Triton.
+    let mut published = shared.published.subscribe();
+    let upstream = tokio::time::timeout(call.bound, to_triton(&front, &call));
+    tokio::pin!(upstream);
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut upstream => break outcome,
+            changed = published.changed() => {
+                if changed.is_err() {
+                    continue;
+                }
+                if let Some(reply) = lane::ended_at_triton(shared, model, &call.version) {
+                    drop(permit);
+                    return Outcome::refused(reply);
+                }
+            }
+        }
+    };
+    drop(permit);
+    match outcome {
+        Err(_) => Outcome::refused(lane::upstream_refusal(shared, model, Failure::Timeout)),
+        Ok(Err(failure)) => Outcome::refused(lane::upstream_refusal(shared, model, failure)),
+        Ok(Ok(answer)) => judge(&front, &call, answer),
+    }
+}
+
+/// Triton's answer: its body and the status its trailers (or a trailers-only answer) carry.
+struct TritonAnswer {
+    body: Bytes,
+    status: Code,
+    /// grpc-message as it came (percent-encoded).
+    message: String,
+}
+
+async fn to_triton(front: &GrpcFront, call: &Call) -> Result<TritonAnswer, Failure> {
+    let uri = format!("http://{}{}", front.triton.authority(), MODEL_INFER)
+        .parse::<hyper::Uri>()
+        .map_err(|e| Failure::Unreachable(format!("triton.grpc_url: {e}")))?;
+    let mut request = Request::new(wire::full(call.body.clone()));
+    *request.method_mut() = hyper::Method::POST;
+    *request.uri_mut() = uri;
+    *request.version_mut() = hyper::Version::HTTP_2;
+    let headers = request.headers_mut();
+    headers.insert("content-type", HeaderValue::from_static(wire::CONTENT_TYPE));
+    headers.insert("te", HeaderValue::from_static("trailers"));
+    if let Ok(value) = HeaderValue::from_str(&wire::timeout_value(call.bound)) {
+        headers.insert("grpc-timeout", value);
+    }
+    if let Ok(value) = HeaderValue::from_str(&call.request_id) {
+        headers.insert("x-request-id", value);
+    }
+    if let Some(value) = &call.traceparent {
+        headers.insert("traceparent", value.clone());
+    }
+    if let Some(value) = &call.tracestate {
+        headers.insert("tracestate", value.clone());
+    }
+    let mut sender = front.triton.sender().await.map_err(Failure::Unreachable)?;
+    let response = sender.send_request(request).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
+    let (parts, body) = response.into_parts();
+    if parts.status != hyper::StatusCode::OK {
+        return Err(Failure::Dropped(format!("Triton's gRPC port answered HTTP {}", parts.status.as_u16())));
+    }
+    let collected = body.collect().await.map_err(|e| Failure::Dropped(e.to_string()))?;
+    let trailers = collected.trailers().cloned();
+    let body = collected.to_bytes();
+    let status_from = if parts.headers.contains_key("grpc-status") { Some(&parts.headers) } else { trailers.as_ref() };
+    let Some(status) = status_from.and_then(|h| h.get("grpc-status")) else {
+        return Err(Failure::Dropped("Triton's answer ended without a grpc-status".to_owned()));
+    };
+    let number = status.to_str().ok().and_then(|s| s.parse::<u8>().ok()).unwrap_or(2);
+    let message =
+        status_from.and_then(|h| h.get("grpc-message")).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    Ok(TritonAnswer { body, status: Code::from_number(number), message })
+}
+
+/// Triton's verdict as the Python gRPC front gives it: an error that is the client's to fix passed
+/// on, a failure refused (and signalled), an answer screened.
+fn judge(front: &GrpcFront, call: &Call, answer: TritonAnswer) -> Outcome {
+    let shared = &front.shared;
+    let model = call.model.as_str();
+    if answer.status != wire::OK {
+        let detail = cut(&wire::percent_decode(&answer.message), 300);
+        let detail = if detail.is_empty() { answer.status.1.to_owned() } else { detail };
+        if answer.status.is_clients() {
+            return Outcome {
+                code: answer.status,
+                message: answer.message,
+                encoded: true,
+                data: None,
+                reason: "",
+                retry_after: None,
+            };
+        }
+        let failure = match answer.status.0 {
+            14 => Failure::Unreachable(detail),
+            4 => Failure::Timeout,
+            1 => Failure::Dropped(detail),
+            _ => {
+                // Triton's verdict on the model (a dead stub is recognised from its words: status 500
+                // as the Python front reads a gRPC error).
+                shared.events.push(Event::Failed {
+                    model: model.to_owned(),
+                    kind: "server_error",
+                    status: 500,
+                    detail: detail.clone(),
+                });
+                let message = format!("Triton answered with an error for model {model}: {detail}");
+                return Outcome::refusal("triton_error", message);
+            }
+        };
+        return Outcome::refused(lane::upstream_refusal(shared, model, failure));
+    }
+    let lane = &call.lane;
+    if lane.hidden.is_none() && !lane.check_non_finite {
+        shared.events.push(Event::Answered { model: model.to_owned(), count: 1 });
+        return Outcome::ok(answer.body);
+    }
+    let decoded = wire::single_message(&answer.body)
+        .ok_or_else(|| "not one uncompressed message".to_owned())
+        .and_then(|message| ModelInferResponse::decode(message).map_err(|e| e.to_string()));
+    let mut response = match decoded {
+        Ok(response) => response,
+        Err(e) => {
+            let message = format!("model {model}: not a ModelInferResponse: {}", cut(&e, 120));
+            return Outcome::refused(lane::failed(shared, model, "bad_answer", "triton_bad_answer", 502, message));
+        }
+    };
+    let (dropped, non_finite) = screen(lane, &mut response);
+    for output in &dropped {
+        shared.metrics.outputs_filtered.inc(&[model, output.as_str()]);
+    }
+    if !non_finite.is_empty() {
+        shared.events.push(Event::NonFinite { model: model.to_owned(), outputs: non_finite.clone() });
+        if shared.settings.block_non_finite_outputs {
+            let names = non_finite.join(", ");
+            let message = format!(
+                "model {model} answered NaN/Inf in {names}; the answer was withheld and the model is being re-checked"
+            );
+            return Outcome::refusal("non_finite_output", message);
+        }
+    } else {
+        shared.events.push(Event::Answered { model: model.to_owned(), count: 1 });
+    }
+    if dropped.is_empty() {
+        Outcome::ok(answer.body)
+    } else {
+        Outcome::ok(wire::frame(&response.encode_to_vec()))
+    }
+}
+
+/// Hidden outputs removed from the response (with their raw contents), and the kept float outputs
+/// holding NaN or ±Inf (grpc_server.py's screen_infer_response).
+fn screen(lane: &Lane, response: &mut ModelInferResponse) -> (Vec<String>, Vec<String>) {
+    let mut dropped = Vec::new();
+    let mut non_finite = Vec::new();
+    let mut keep = Vec::with_capacity(response.outputs.len());
+    for (i, output) in response.outputs.iter().enumerate() {
+        if lane.hidden.is_some() && lane.is_hidden(&output.name) {
+            dropped.push(output.name.clone());
+            keep.push(false);
+            continue;
+        }
+        keep.push(true);
+        if !lane.check_non_finite || !matches!(output.datatype.as_str(), "FP16" | "FP32" | "FP64") {
+            continue;
+        }
+        let finite = match response.raw_output_contents.get(i) {
+            Some(raw) => first_non_finite(&output.datatype, raw).is_none(),
+            None => output.contents.as_ref().is_none_or(|c| {
+                if output.datatype == "FP64" {
+                    c.fp64_contents.iter().all(|v| v.is_finite())
+                } else {
+                    c.fp32_contents.iter().all(|v| v.is_finite())
+                }
+            }),
+        };
+        if !finite {
+            non_finite.push(output.name.clone());
+        }
+    }
+    if !dropped.is_empty() {
+        let raw_count = response.raw_output_contents.len();
+        let mut index = 0;
+        response.outputs.retain(|_| {
+            index += 1;
+            keep[index - 1]
+        });
+        let mut index = 0;
+        response.raw_output_contents.retain(|_| {
+            index += 1;
+            index > keep.len() || keep[index - 1]
+        });
+        debug_assert!(response.raw_output_contents.len() <= raw_count);
+    }
+    (dropped, non_finite)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use prost::Message;
+
+    use super::super::messages::{InferOutputTensor, InferTensorContents, ModelInferResponse};
+    use super::screen;
+    use crate::front::state::{Breaker, Lane};
+    use crate::serving::generation::GenerateLimits;
+    use crate::serving::validation::{Limits, RequestSpec};
+
+    fn lane(hidden: Option<&[&str]>, check_non_finite: bool) -> Lane {
+        Lane {
+            spec: RequestSpec {
+                model: "m".into(),
+                inputs: vec![],
+                outputs: vec!["scores".into(), "secret".into(), "half".into()],
+                hidden_outputs: HashSet::new(),
+                max_batch_size: 0,
+                limits: Limits { max_elements: 1 << 20, max_bytes_element: 1 << 20, reject_non_finite: true },
+            },
+            hidden: hidden.map(|h| h.iter().map(|s| s.to_string()).collect()),
+            check_non_finite,
+            breaker: std::sync::Arc::new(Breaker::new(1)),
+            generate: GenerateLimits {
+                max_text_bytes: 0,
+                max_tokens: 0,
+                token_limit_keys: HashSet::new(),
+                parameters: HashSet::new(),
+            },
+            stream_idle: Duration::from_secs(1),
+            versions: HashMap::new(),
+        }
+    }
+
+    fn output(name: &str, datatype: &str, contents: Option<InferTensorContents>) -> InferOutputTensor {
+        InferOutputTensor {
+            name: name.into(),
+            datatype: datatype.into(),
+            shape: vec![2],
+            parameters: HashMap::new(),
+            contents,
+        }
+    }
+
+    fn response() -> ModelInferResponse {
+        ModelInferResponse {
+            model_name: "m".into(),
+            id: "r1".into(),
+            outputs: vec![output("scores", "FP32", None), output("secret", "FP32", None), output("half", "FP16", None)],
+            raw_output_contents: vec![
+                Bytes::from([1.0f32.to_le_bytes(), f32::NAN.to_le_bytes()].concat()),
+                Bytes::from([2.0f32.to_le_bytes(), 3.0f32.to_le_bytes()].concat()),
+                Bytes::from_static(&[0x00, 0x3c, 0x00, 0x7c]), // 1.0, +Inf in FP16
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_hidden_output_leaves_with_its_raw_contents_and_nan_is_found_in_what_is_kept() {
+        let mut answer = response();
+        let (dropped, non_finite) = screen(&lane(Some(&["secret"]), true), &mut answer);
+        assert_eq!(dropped, vec!["secret".to_owned()]);
+        assert_eq!(non_finite, vec!["scores".to_owned(), "half".to_owned()]);
+        assert_eq!(answer.outputs.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(), vec!["scores", "half"]);
+        assert_eq!(answer.raw_output_contents.len(), 2);
+        assert_eq!(&answer.raw_output_contents[1][..], &[0x00, 0x3c, 0x00, 0x7c]);
+        // Re-encoded, the rest of the message is Triton's.
+        let again = ModelInferResponse::decode(answer.encode_to_vec().as_slice()).expect("decodes");
+        assert_eq!((again.model_name.as_str(), again.id.as_str()), ("m", "r1"));
+    }
+
+    #[test]
+    fn typed_float_contents_are_screened_and_nothing_is_touched_without_rules() {
+        let mut typed = ModelInferResponse {
+            outputs: vec![output(
+                "scores",
+                "FP64",
+                Some(InferTensorContents { fp64_contents: vec![1.0, f64::INFINITY], ..Default::default() }),
+            )],
+            ..Default::default()
+        };
+        let (dropped, non_finite) = screen(&lane(None, true), &mut typed);
+        assert!(dropped.is_empty());
+        assert_eq!(non_finite, vec!["scores".to_owned()]);
+        let mut untouched = response();
+        let (dropped, non_finite) = screen(&lane(None, false), &mut untouched);
+        assert!(dropped.is_empty() && non_finite.is_empty());
+        assert_eq!(untouched, response());
+    }
+}

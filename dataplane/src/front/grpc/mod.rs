@@ -1,0 +1,255 @@
+//! The gRPC front: `listen.grpc_port` served by this crate (issue 31, `listen.grpc_front: rust`), on
+//! the HTTP front's runtime and state.
+//!
+//! hyper's HTTP/2 server (h2c) takes the connections. `ModelInfer` to a model published as a lane
+//! (unversioned, or a version in `lane.versions`) is served here (`infer`): decoded with prost,
+//! checked by the one validation rule, the client's bytes forwarded to Triton's gRPC port over one
+//! HTTP/2 connection, the answer screened, counted as the Python gRPC front counts it. Every other
+//! call is passed through as it is, streaming both ways with its headers and trailers, to the
+//! Python gRPC server listening on a loopback port behind the front (`passthrough`), which answers
+//! it exactly as before; a client that cancels drops the forwarded call, which cancels it there.
+
+pub mod channel;
+pub mod document;
+pub mod infer;
+pub mod messages;
+pub mod wire;
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::server::conn::http2;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use super::Shared;
+
+use self::channel::Channel;
+use self::wire::GrpcBody;
+
+/// What every gRPC connection and call shares.
+pub struct GrpcFront {
+    pub shared: Arc<Shared>,
+    /// The Python gRPC server behind the front (127.0.0.1), for every call the lane does not serve.
+    pub back: Channel,
+    /// Triton's gRPC port (triton.grpc_url).
+    pub triton: Channel,
+    pub settings: GrpcSettings,
+    /// Calls handed to the Python gRPC server, and calls answered here without it.
+    pub handovers: AtomicU64,
+    pub served: AtomicU64,
+    pub open_connections: AtomicUsize,
+}
+
+#[derive(Debug, Clone)]
+pub struct GrpcSettings {
+    /// listen.grpc_max_concurrent_streams.
+    pub max_concurrent_streams: u32,
+    /// listen.max_connections, counted apart for this port (as gRPC core's
+    /// grpc.max_allowed_incoming_connections).
+    pub max_connections: usize,
+    /// listen.grpc_max_connection_idle_s: a connection with no call open for this long is sent
+    /// GOAWAY (None: never).
+    pub max_idle: Option<Duration>,
+    /// listen.grpc_max_connection_age_s: a connection older than this is sent GOAWAY, its open calls
+    /// finish (None: never).
+    pub max_age: Option<Duration>,
+}
+
+impl GrpcFront {
+    pub fn new(shared: Arc<Shared>, back: String, triton: String, settings: GrpcSettings) -> Self {
+        GrpcFront {
+            shared,
+            back: Channel::new(back),
+            triton: Channel::new(triton),
+            settings,
+            handovers: AtomicU64::new(0),
+            served: AtomicU64::new(0),
+            open_connections: AtomicUsize::new(0),
+        }
+    }
+
+    /// One call: the ModelInfer lane when it may serve it, else the Python gRPC server.
+    async fn route(self: Arc<Self>, request: Request<Incoming>) -> Response<GrpcBody> {
+        if request.uri().path() == infer::MODEL_INFER {
+            return infer::serve(self, request).await;
+        }
+        let (parts, body) = request.into_parts();
+        self.pass_through(parts, body.boxed()).await
+    }
+
+    /// The call to the Python gRPC server as it came (method, path, metadata, body streamed), its
+    /// answer relayed as it comes (headers, messages, trailers). Dropping the returned response's
+    /// body (the client reset the stream) drops the forwarded call, which resets it there.
+    pub async fn pass_through(&self, parts: hyper::http::request::Parts, body: GrpcBody) -> Response<GrpcBody> {
+        self.handovers.fetch_add(1, Ordering::Relaxed);
+        let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        let uri = match format!("http://{}{}", self.back.authority(), path).parse::<hyper::Uri>() {
+            Ok(uri) => uri,
+            Err(e) => return unavailable(format!("the sidecar's gRPC service: bad path: {e}")),
+        };
+        let mut forwarded = Request::new(body);
+        *forwarded.method_mut() = parts.method;
+        *forwarded.uri_mut() = uri;
+        *forwarded.version_mut() = hyper::Version::HTTP_2;
+        *forwarded.headers_mut() = parts.headers;
+        let mut sender = match self.back.sender().await {
+            Ok(sender) => sender,
+            Err(e) => return unavailable(format!("the sidecar's gRPC service is unavailable: {e}")),
+        };
+        match sender.send_request(forwarded).await {
+            Ok(response) => response.map(|body| body.boxed()),
+            Err(e) => unavailable(format!("the sidecar's gRPC service did not answer: {e}")),
+        }
+    }
+}
+
+fn unavailable(message: String) -> Response<GrpcBody> {
+    wire::answer(wire::UNAVAILABLE, &message, false, None, &[])
+}
+
+/// Accept connections until `stop` turns true; each connection is its own task.
+pub async fn accept_loop(listener: TcpListener, front: Arc<GrpcFront>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|stopped| *stopped) => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(_) => {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        if front.open_connections.load(Ordering::Relaxed) >= front.settings.max_connections {
+            drop(stream); // closed at once, as gRPC core closes one past its bound
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        front.open_connections.fetch_add(1, Ordering::Relaxed);
+        let front = front.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let counted = Counted(front.clone());
+            serve_connection(stream, front, stop).await;
+            drop(counted);
+        });
+    }
+}
+
+/// One connection's calls until it closes; at stop, when idle past listen.grpc_max_connection_idle_s
+/// or older than listen.grpc_max_connection_age_s: GOAWAY, and the calls open finish.
+async fn serve_connection(stream: TcpStream, front: Arc<GrpcFront>, mut stop: watch::Receiver<bool>) {
+    let calls = Arc::new(Calls { open: AtomicUsize::new(0), last: Mutex::new(Instant::now()) });
+    let opened = Instant::now();
+    let service = {
+        let front = front.clone();
+        let calls = calls.clone();
+        service_fn(move |request: Request<Incoming>| {
+            let front = front.clone();
+            let open = OpenCall::new(calls.clone());
+            async move { Ok::<_, Infallible>(front.route(request).await.map(|body| Tracked { body, _open: open }.boxed())) }
+        })
+    };
+    let connection = http2::Builder::new(TokioExecutor::new())
+        .max_concurrent_streams(front.settings.max_concurrent_streams)
+        .initial_stream_window_size(1 << 20)
+        .initial_connection_window_size(2 << 20)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let (idle, age) = (front.settings.max_idle, front.settings.max_age);
+    let beat = [idle, age]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|d| (d / 4).clamp(Duration::from_millis(20), Duration::from_secs(1)));
+    loop {
+        let ending = tokio::select! {
+            _ = connection.as_mut() => return,
+            stopped = stop.wait_for(|stopped| *stopped) => stopped.is_ok(),
+            _ = tokio::time::sleep(beat.unwrap_or(Duration::from_secs(3600))), if beat.is_some() => {
+                let quiet = calls.open.load(Ordering::Relaxed) == 0
+                    && calls.last.lock().map(|last| last.elapsed()).unwrap_or_default() >= idle.unwrap_or(Duration::MAX);
+                quiet || age.is_some_and(|age| opened.elapsed() >= age)
+            }
+        };
+        if ending {
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
+            return;
+        }
+    }
+}
+
+/// A connection's calls open now, and when the last one ended (or the connection began).
+struct Calls {
+    open: AtomicUsize,
+    last: Mutex<Instant>,
+}
+
+/// One call open on its connection until its answer's body is done or dropped.
+struct OpenCall(Arc<Calls>);
+
+impl OpenCall {
+    fn new(calls: Arc<Calls>) -> Self {
+        calls.open.fetch_add(1, Ordering::Relaxed);
+        OpenCall(calls)
+    }
+}
+
+impl Drop for OpenCall {
+    fn drop(&mut self) {
+        if let Ok(mut last) = self.0.last.lock() {
+            *last = Instant::now();
+        }
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// An answer's body that keeps its call counted open while it is sent.
+struct Tracked {
+    body: GrpcBody,
+    _open: OpenCall,
+}
+
+impl Body for Tracked {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Releases a connection's place in the port's bound however its task ends.
+struct Counted(Arc<GrpcFront>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.open_connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A body already read, handed on (a ModelInfer the lane does not serve).
+pub fn collected(bytes: Bytes) -> GrpcBody {
+    wire::full(bytes)
+}

@@ -1,0 +1,254 @@
+//! gRPC on HTTP/2 as the front writes and reads it: the 5-byte message framing, `grpc-timeout`,
+//! status codes and messages (percent-encoded), and the unary answer (one message, then trailers).
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http_body_util::combinators::BoxBody;
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+use hyper::Response;
+
+/// Every body the gRPC front sends or relays: the client's, the Python app's, Triton's, its own.
+pub type GrpcBody = BoxBody<Bytes, hyper::Error>;
+
+pub const CONTENT_TYPE: &str = "application/grpc";
+
+/// A status of gRPC: its number and its name (grpc.StatusCode's, the metrics' `code` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Code(pub u8, pub &'static str);
+
+pub const OK: Code = Code(0, "OK");
+pub const CANCELLED: Code = Code(1, "CANCELLED");
+pub const INVALID_ARGUMENT: Code = Code(3, "INVALID_ARGUMENT");
+pub const DEADLINE_EXCEEDED: Code = Code(4, "DEADLINE_EXCEEDED");
+pub const RESOURCE_EXHAUSTED: Code = Code(8, "RESOURCE_EXHAUSTED");
+pub const INTERNAL: Code = Code(13, "INTERNAL");
+pub const UNAVAILABLE: Code = Code(14, "UNAVAILABLE");
+
+const NAMES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+impl Code {
+    /// A status number as a peer sent it (grpc-status); UNKNOWN for one outside the table.
+    pub fn from_number(n: u8) -> Code {
+        NAMES.get(n as usize).map(|name| Code(n, name)).unwrap_or(Code(2, "UNKNOWN"))
+    }
+
+    /// The code of a refusal's reason label (sidecar.serving.refusals.Reason.grpc_code).
+    pub fn of_reason(reason: &str) -> Code {
+        match reason {
+            "too_many_elements" | "body_too_large" | "overloaded" => RESOURCE_EXHAUSTED,
+            "filtered_output" | "shared_memory" | "forbidden_endpoint" => Code(7, "PERMISSION_DENIED"),
+            "unknown_model" => Code(5, "NOT_FOUND"),
+            "unknown_path" | "method_not_allowed" => Code(12, "UNIMPLEMENTED"),
+            "quarantined" | "not_verified" | "model_unavailable" | "not_ready" | "triton_unreachable" => UNAVAILABLE,
+            "triton_error" | "triton_bad_answer" | "non_finite_output" | "internal_error" => INTERNAL,
+            "triton_timeout" | "stream_idle" | "body_timeout" | "header_timeout" => DEADLINE_EXCEEDED,
+            "client_disconnected" => CANCELLED,
+            _ => INVALID_ARGUMENT,
+        }
+    }
+
+    /// Triton's errors that are the client's to fix, passed on with Triton's code and words
+    /// (grpc_server.py's _CLIENT_CODES).
+    pub fn is_clients(self) -> bool {
+        matches!(self.0, 3 | 5 | 9 | 11 | 12 | 6 | 7 | 16)
+    }
+}
+
+/// One message in gRPC's framing (uncompressed).
+pub fn frame(message: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(5 + message.len());
+    out.put_u8(0);
+    out.put_u32(message.len() as u32);
+    out.put_slice(message);
+    out.freeze()
+}
+
+/// The one uncompressed message a unary body holds, or None (compressed, several, or cut short).
+pub fn single_message(body: &Bytes) -> Option<Bytes> {
+    if body.len() < 5 || body[0] != 0 {
+        return None;
+    }
+    let length = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+    (body.len() == 5 + length).then(|| body.slice(5..))
+}
+
+/// A `grpc-timeout` header's duration ("<digits><unit>", unit H M S m u n); None when absent or bad.
+pub fn timeout(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    if value.len() < 2 || value.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// A duration as a `grpc-timeout` value (milliseconds, at least one; 8 digits at most).
+pub fn timeout_value(bound: Duration) -> String {
+    format!("{}m", bound.as_millis().clamp(1, 99_999_999))
+}
+
+/// grpc-message's encoding: bytes outside printable ASCII, and '%', as %XX.
+pub fn percent_encode(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for b in message.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+pub fn percent_decode(message: &str) -> String {
+    let bytes = message.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+            if let Some(b) = hex {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The body of a unary answer: its message (if any), then its trailers.
+pub struct Unary {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Body for Unary {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if let Some(data) = self.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
+}
+
+/// A body of bytes already in hand (a request collected, then handed on).
+pub fn full(bytes: Bytes) -> GrpcBody {
+    http_body_util::Full::new(bytes).map_err(|never| match never {}).boxed()
+}
+
+/// A unary answer: `message` (already framed) when OK, and the trailers: grpc-status, grpc-message
+/// (percent-encoded here unless `encoded`), and `metadata` (x-request-id, x-sidecar-reason, ...).
+pub fn answer(
+    code: Code,
+    message: &str,
+    encoded: bool,
+    data: Option<Bytes>,
+    metadata: &[(&'static str, String)],
+) -> Response<GrpcBody> {
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from(u16::from(code.0)));
+    if !message.is_empty() {
+        let text = if encoded { message.to_owned() } else { percent_encode(message) };
+        if let Ok(value) = HeaderValue::from_str(&text) {
+            trailers.insert("grpc-message", value);
+        }
+    }
+    for (key, value) in metadata {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            trailers.append(HeaderName::from_static(key), value);
+        }
+    }
+    let body = Unary { data, trailers: Some(trailers) };
+    let mut response = Response::new(body.boxed());
+    response.headers_mut().insert("content-type", HeaderValue::from_static(CONTENT_TYPE));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_are_read_in_every_unit_and_written_in_milliseconds() {
+        let mut headers = HeaderMap::new();
+        for (value, want) in [
+            ("1H", Duration::from_secs(3600)),
+            ("2M", Duration::from_secs(120)),
+            ("3S", Duration::from_secs(3)),
+            ("400m", Duration::from_millis(400)),
+            ("5u", Duration::from_micros(5)),
+            ("6n", Duration::from_nanos(6)),
+        ] {
+            headers.insert("grpc-timeout", HeaderValue::from_static(value));
+            assert_eq!(timeout(&headers), Some(want), "{value}");
+        }
+        headers.insert("grpc-timeout", HeaderValue::from_static("12x"));
+        assert_eq!(timeout(&headers), None);
+        assert_eq!(timeout_value(Duration::from_micros(10)), "1m");
+        assert_eq!(timeout_value(Duration::from_millis(1500)), "1500m");
+    }
+
+    #[test]
+    fn messages_are_framed_and_one_uncompressed_message_is_read_back() {
+        let framed = frame(b"abc");
+        assert_eq!(&framed[..], &[0, 0, 0, 0, 3, b'a', b'b', b'c']);
+        assert_eq!(single_message(&framed).as_deref(), Some(&b"abc"[..]));
+        let mut compressed = framed.to_vec();
+        compressed[0] = 1;
+        assert_eq!(single_message(&Bytes::from(compressed)), None);
+        assert_eq!(single_message(&Bytes::from_static(&[0, 0, 0, 0, 4, b'a'])), None);
+    }
+
+    #[test]
+    fn grpc_messages_are_percent_encoded_both_ways() {
+        let text = "model m: 100% é\nbad";
+        let encoded = percent_encode(text);
+        assert_eq!(encoded, "model m: 100%25 %C3%A9%0Abad");
+        assert_eq!(percent_decode(&encoded), text);
+        assert_eq!(Code::of_reason("shape"), INVALID_ARGUMENT);
+        assert_eq!(Code::of_reason("quarantined"), UNAVAILABLE);
+        assert_eq!(Code::from_number(7).1, "PERMISSION_DENIED");
+    }
+}
