@@ -6,12 +6,13 @@ Legs alternate in each round, the order rotating so a shared machine's drifts hi
 rounds of one scenario run together, after a pause in which every exporter's queue empties, so no
 leg pays for another wire's spans.
 Scenarios: the ~2 ms model (`credit_risk_2ms`), c=8 and c=1, over HTTP (wrk, 1x128 FP32 JSON, the
-Rust front's spans) and gRPC (bench/grpc_load.py, 1x128 raw, the Python SDK's spans). CPU per request
+Rust front's spans) and gRPC (bench/grpc_load.py, 1x128 raw, the Python SDK's spans; the Rust front's
+with `--grpc-front rust`). CPU per request
 is the sidecar process's (its exporter threads included) from /proc around each run. Exits 0 when
 issue 32's targets are met: at 0.01 no more than 1.02x the CPU per request of tracing off, at 1.0
 no more than 1.15x (HTTP and gRPC, c=8).
 
-    .venv/bin/python -m bench.tracing_cost [--rounds 3 --duration 5]
+    .venv/bin/python -m bench.tracing_cost [--rounds 3 --duration 5] [--grpc-front rust]
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             tracing = {} if rate is None else {"endpoint": sink.endpoint, "sample_rate": rate}
             sidecar = SidecarProcess(sidecar_settings(
                 triton, models=[MODEL], golden_dir=built.golden_dir, filtering={"rules": [CREDIT_FILTER_RULE]},
-                validation={"reject_non_finite": True}, listen={"grpc_port": free_port()}, tracing=tracing,
+                validation={"reject_non_finite": True},
+                listen={"grpc_port": free_port(), "grpc_front": args.grpc_front}, tracing=tracing,
                 logging={"format": "json", "level": "info"}), workdir / f"sidecar-{leg}")
             stack.callback(sidecar.stop)
             sidecar.start()
@@ -148,7 +150,8 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                           f"cpu {1000 * cpu / max(result['requests'], 1):.4f} ms/req", flush=True)
         exported = {"posts": sink.posts, "bytes": sink.bytes}
     return {"benchmark": "tracing_cost", "command": command_line(), "machine": machine,
-            "settings": {"rounds": args.rounds, "duration_s": args.duration, "model": MODEL, "legs": LEGS},
+            "settings": {"rounds": args.rounds, "duration_s": args.duration, "model": MODEL, "legs": LEGS,
+                         "grpc_front": args.grpc_front},
             "sink": exported, "runs": runs, "summary": summarise(runs)}
 
 
@@ -196,6 +199,9 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = overhead_parser("python -m bench.tracing_cost", __doc__, duration_type=int)
+    parser.add_argument("--grpc-front", choices=["python", "rust"], default="python",
+                        help="what serves the sidecars' listen.grpc_port (listen.grpc_front; default python, the "
+                             "shipped one): with rust, gRPC spans are the Rust front's too")
     return run_overhead_benchmark("tracing_cost", parser.parse_args(argv), measure, verdicts, markdown)
 
 

@@ -325,6 +325,9 @@ async def test_a_grpc_request_continues_the_client_s_trace_and_triton_s_spans_ne
     assert span.attributes["sidecar.model"] == "credit_risk", span
     assert span.attributes["rpc.grpc.status_code"] == 0 and span.attributes["sidecar.status"] == "OK", span
     assert not span.failed, span
+    if sidecar.app[CONFIG].listen.grpc_front == "rust":  # the data plane's span, with its phases as events
+        assert span.events == ("validation", "breaker wait", "upstream call", "screening"), span
+        assert sidecar.server.grpc_served > 0, "the Rust gRPC front handed every call to grpcio"
     assert receiver.posts["json"] >= 1 and receiver.posts["protobuf"] >= 1, receiver.posts
     # The access log line of the request names the trace and the sidecar's span.
     access = [e for e in log_events if e.get("event") == "proxy_request" and e.get("request_id") == f"traced-{i}"]
@@ -612,7 +615,7 @@ async def test_http_requests_the_python_side_answers_have_spans_too_and_triton_s
     sidecar = await started_and_healthy(start, replace(config, listen=replace(config.listen, front="python")))
 
     def client_trace(i: int) -> str:
-        return f"{i:x}bf92f3577b34da6a3ce929d0e0e4736"
+        return f"{i:x}cf92f3577b34da6a3ce929d0e0e4736"
 
     async def send(i: int) -> str:
         status, answer = await _http_infer(sidecar, credit_json(seed=14), {

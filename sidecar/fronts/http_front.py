@@ -438,11 +438,15 @@ class HttpFront:
                              cause="client closed the connection while Triton was answering; upstream call cancelled")
                 (log.warning if status >= 500 else log.info)("proxy_request", **fields)
             elif kind == "grpc_log":
-                _, request_id, trace_id, model, path, code, duration_ms, reason = event
+                _, request_id, trace_id, model, path, code, duration_ms, reason, client_subject, span_id = event
                 fields = {"request_id": request_id, "trace_id": trace_id, "model": model, "protocol": "grpc",
                           "method": "grpc", "path": path, "status": code, "duration_ms": duration_ms}
+                if span_id:
+                    fields["span_id"] = span_id
                 if reason:
                     fields["reason"] = reason
+                if client_subject:
+                    fields["client_subject"] = client_subject
                 server_side = code in ("UNAVAILABLE", "INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED", "DATA_LOSS")
                 (log.warning if server_side else log.info)("proxy_request", **fields)
             elif kind == "failed":

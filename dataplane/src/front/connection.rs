@@ -23,7 +23,7 @@ use super::generate_stream::{self, Relayed};
 use super::lane::{self, Infer};
 use super::reply::{encode, refusal, Reply, JSON_REFUSAL};
 use super::state::Canned;
-use super::tracing::{Opened, RequestSpan};
+use super::tracing::{Opened, RequestSpan, Route};
 use super::Shared;
 
 /// The metrics label of a request to the pod rather than a model (sidecar.serving.admission).
@@ -279,7 +279,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         let opened = Opened {
             traceparent,
             tracestate,
-            endpoint,
+            route: Route::Http(endpoint),
             model: &model,
             request_id: &request_id,
             body_bytes: body.len(),

@@ -173,7 +173,7 @@ impl Tracing {
         // span alone, so the 99 % an unsampled rate leaves out cost no allocation for them.
         let mut span = self
             .tracer
-            .span_builder(opened.endpoint.span_name())
+            .span_builder(opened.route.span_name())
             .with_kind(SpanKind::Server)
             .with_start_time(SystemTime::now() - opened.started.elapsed())
             .start_with_context(&self.tracer, &parent);
@@ -181,19 +181,32 @@ impl Tracing {
         if !context.is_sampled() {
             return RequestSpan::OFF; // the client's own context goes on to Triton, as without tracing
         }
-        span.set_attributes([
+        let common = [
             KeyValue::new("sidecar.model", opened.model.to_owned()),
             KeyValue::new("sidecar.request_id", opened.request_id.to_owned()),
-            KeyValue::new("sidecar.protocol", "http"),
-            KeyValue::new("http.request.method", "POST"),
-            KeyValue::new("http.route", opened.endpoint.route()),
-            KeyValue::new("http.request.body.size", opened.body_bytes as i64),
-        ]);
+        ];
+        match opened.route {
+            Route::Http(endpoint) => span.set_attributes(common.into_iter().chain([
+                KeyValue::new("sidecar.protocol", "http"),
+                KeyValue::new("http.request.method", "POST"),
+                KeyValue::new("http.route", endpoint.route()),
+                KeyValue::new("http.request.body.size", opened.body_bytes as i64),
+            ])),
+            // sidecar/tracing/otel.py's attributes of a gRPC call, and the bytes in as over HTTP.
+            Route::Grpc { service, method, .. } => span.set_attributes(common.into_iter().chain([
+                KeyValue::new("sidecar.protocol", "grpc"),
+                KeyValue::new("rpc.system", "grpc"),
+                KeyValue::new("rpc.service", service),
+                KeyValue::new("rpc.method", method),
+                KeyValue::new("rpc.request.body.size", opened.body_bytes as i64),
+            ])),
+        }
         let state = context.trace_state().header();
         RequestSpan(Some(Box::new(Traced {
             open: Mutex::new(Open { span, mark: Instant::now(), events: 0, ended: false }),
             traceparent: traceparent(&context),
             tracestate: (!state.is_empty()).then_some(state),
+            grpc: matches!(opened.route, Route::Grpc { .. }),
         })))
     }
 
@@ -244,12 +257,31 @@ fn client_tls(authority: &str, ca_pem: Option<&[u8]>) -> Result<ClientTls, Traci
 pub struct Opened<'a> {
     pub traceparent: Option<&'a str>,
     pub tracestate: Option<&'a str>,
-    pub endpoint: Endpoint,
+    pub route: Route,
     pub model: &'a str,
     pub request_id: &'a str,
     pub body_bytes: usize,
     /// When the request's head was read: the span covers the body's reading too.
     pub started: Instant,
+}
+
+/// What a request is, for its span's name and attributes.
+#[derive(Debug, Clone, Copy)]
+pub enum Route {
+    /// An HTTP endpoint the front serves (POST).
+    Http(Endpoint),
+    /// A gRPC method (`inference.GRPCInferenceService`, `ModelInfer`): the span is named
+    /// `service/method`, as OpenTelemetry's RPC conventions (and the Python gRPC front) name it.
+    Grpc { service: &'static str, method: &'static str, name: &'static str },
+}
+
+impl Route {
+    pub fn span_name(self) -> &'static str {
+        match self {
+            Route::Http(endpoint) => endpoint.span_name(),
+            Route::Grpc { name, .. } => name,
+        }
+    }
 }
 
 impl Endpoint {
@@ -302,6 +334,8 @@ struct Traced {
     /// of it (`TRACE_ID`, `SPAN_ID`): one string made per request, not three.
     traceparent: String,
     tracestate: Option<String>,
+    /// A gRPC call's span: ended with its status code (`end_grpc`), a dropped one CANCELLED.
+    grpc: bool,
 }
 
 /// Where the ids are in a version-00 traceparent (`00-<32 hex>-<16 hex>-<2 hex>`).
@@ -411,6 +445,31 @@ impl RequestSpan {
         });
     }
 
+    /// End a gRPC call's span with its status (number and name), refusal reason ("" for none) and
+    /// the bytes sent: an error when the code is not OK or the call was refused, described
+    /// `[reason] message` (`message` is called only then), as sidecar/tracing/otel.py ends its own.
+    #[inline]
+    pub fn end_grpc(&self, code: (u8, &'static str), reason: &str, message: impl FnOnce() -> String, bytes_out: u64) {
+        self.with(|open| {
+            if open.ended {
+                return;
+            }
+            let span = &mut open.span;
+            span.set_attribute(KeyValue::new("rpc.grpc.status_code", i64::from(code.0)));
+            span.set_attribute(KeyValue::new("sidecar.status", code.1));
+            span.set_attribute(KeyValue::new("rpc.response.body.size", bytes_out as i64));
+            if !reason.is_empty() {
+                span.set_attribute(KeyValue::new("sidecar.refusal.reason", reason.to_owned()));
+            }
+            if !reason.is_empty() || code.0 != 0 {
+                let label = if reason.is_empty() { code.1 } else { reason };
+                span.set_status(Status::error(cut(&format!("[{label}] {}", message()), 500)));
+            }
+            span.end();
+            open.ended = true;
+        });
+    }
+
     fn with(&self, write: impl FnOnce(&mut Open)) {
         if let Some(traced) = &self.0 {
             if let Ok(mut open) = traced.open.lock() {
@@ -453,8 +512,17 @@ impl Drop for RequestSpan {
     /// A span dropped before its end: the request's task was aborted because its client left (the
     /// front counts it 499), or its handling panicked (500).
     fn drop(&mut self) {
-        if self.0.is_none() {
+        let Some(traced) = &self.0 else {
             return; // untraced: one branch, as everywhere else
+        };
+        if traced.grpc {
+            let (code, reason, message) = if std::thread::panicking() {
+                ((13, "INTERNAL"), "internal_error", "the sidecar failed to handle this request; it was logged")
+            } else {
+                ((1, "CANCELLED"), "client_disconnected", "client cancelled the call while Triton was answering")
+            };
+            self.end_grpc(code, reason, || message.to_owned(), 0);
+            return;
         }
         let (status, reason, message) = if std::thread::panicking() {
             (500, "internal_error", "the sidecar failed to handle this request; it was logged")
@@ -631,7 +699,7 @@ mod tests {
         let opened = Opened {
             traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
             tracestate: None,
-            endpoint: Endpoint::Infer,
+            route: Route::Http(Endpoint::Infer),
             model: "m",
             request_id: "r",
             body_bytes: 0,

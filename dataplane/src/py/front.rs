@@ -435,7 +435,9 @@ impl HttpFront {
     /// ("answered", model, count), ("failed", model, kind, status, detail), ("non_finite", model,
     /// outputs), ("ended", model, count), ("log", request_id, trace_id, model, method, path, status,
     /// duration_ms, reason, client_subject, span_id), ("panic", model, message), ("tls_refused", reason,
-    /// client_subject), ("stream_ended", model, reason, events, cause).
+    /// client_subject), ("stream_ended", model, reason, events, cause), ("grpc_log", request_id, trace_id,
+    /// model, path, code, duration_ms, reason, client_subject, span_id), ("grpc_panic", model,
+    /// request_id, message).
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.shared.watchdog.control_seen();
         let out = PyList::empty(py);
@@ -461,10 +463,19 @@ impl HttpFront {
                     r.span_id,
                 )
                     .into_pyobject(py)?,
-                Event::GrpcLog { record: r, code } => {
-                    ("grpc_log", r.request_id, r.trace_id, r.model, r.path, code, r.duration_ms, r.reason)
-                        .into_pyobject(py)?
-                }
+                Event::GrpcLog { record: r, code } => (
+                    "grpc_log",
+                    r.request_id,
+                    r.trace_id,
+                    r.model,
+                    r.path,
+                    code,
+                    r.duration_ms,
+                    r.reason,
+                    r.client_subject.as_ref(),
+                    r.span_id,
+                )
+                    .into_pyobject(py)?,
                 Event::Panic { model, message } => ("panic", model, message).into_pyobject(py)?,
                 Event::GrpcPanic { model, request_id, message } => {
                     ("grpc_panic", model, request_id, message).into_pyobject(py)?

@@ -7,8 +7,9 @@
 //! Python gRPC front builds (`document`), by the one validation rule; Triton gets the client's bytes
 //! unchanged. Triton's answer is decoded only when the model has hidden outputs or is screened for
 //! NaN/Inf, and re-encoded only when an output is removed. Whatever the lane does not serve (a
-//! model or version that is not a lane, a pin by header, a compressed or malformed message, tracing
-//! on) goes to the Python gRPC server with the bytes already read.
+//! model or version that is not a lane, a pin by header, a compressed or malformed message) goes to
+//! the Python gRPC server with the bytes already read. With tracing on, a call is one SERVER span of
+//! the front's (front/tracing.rs), named and attributed as the Python gRPC front's.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use crate::front::events::{AccessRecord, Event};
 use crate::front::lane::{self, AtTriton, InFlight};
 use crate::front::reply::Reply;
 use crate::front::state::Lane;
+use crate::front::tracing::{Opened, RequestSpan, Route};
 use crate::front::upstream::Failure;
 use crate::protocol::datatypes::first_non_finite;
 use crate::protocol::pytext::cut;
@@ -38,6 +40,13 @@ use super::GrpcFront;
 
 pub const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
 
+/// ModelInfer's span: `inference.GRPCInferenceService/ModelInfer`, as the Python front names it.
+const MODEL_INFER_ROUTE: Route = Route::Grpc {
+    service: "inference.GRPCInferenceService",
+    method: "ModelInfer",
+    name: "inference.GRPCInferenceService/ModelInfer",
+};
+
 /// One ModelInfer the lane serves.
 struct Call {
     model: String,
@@ -49,8 +58,11 @@ struct Call {
     request: ModelInferRequest,
     request_id: String,
     trace_id: String,
-    traceparent: Option<HeaderValue>,
-    tracestate: Option<HeaderValue>,
+    /// What Triton gets: the call's span as the parent when it is sampled, else the client's own.
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+    /// The call's span (RequestSpan::OFF when untraced).
+    span: RequestSpan,
     /// The client's deadline bounded by proxy.upstream_timeout_s.
     bound: Duration,
     started: Instant,
@@ -204,10 +216,10 @@ async fn read_message(mut body: Incoming, limit: usize) -> Result<Bytes, Read> {
 }
 
 /// The call when the lane serves it: one uncompressed message that decodes, no pin by header, its
-/// model a lane (and its version one of the lane's), tracing off (the Python front traces gRPC).
+/// model a lane (and its version one of the lane's).
 fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Instant) -> Option<Call> {
     let shared = &front.shared;
-    if shared.tracing.is_some() || headers.contains_key("x-model-version") {
+    if headers.contains_key("x-model-version") {
         return None;
     }
     let message = wire::single_message(body)?;
@@ -221,15 +233,29 @@ fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Inst
         Some(client) => client.min(upstream).max(Duration::from_millis(1)),
         None => upstream,
     };
+    let request_id = request_id(text("x-request-id"));
+    let (traceparent, tracestate) = (text("traceparent"), text("tracestate"));
+    let opened = Opened {
+        traceparent,
+        tracestate,
+        route: MODEL_INFER_ROUTE,
+        model: &request.model_name,
+        request_id: &request_id,
+        body_bytes: body.len(),
+        started,
+    };
+    let span = RequestSpan::open(shared.tracing.as_ref(), opened);
+    let (trace_id, traceparent, tracestate) = span.upstream_context(trace_id(traceparent), traceparent, tracestate);
     Some(Call {
         model: request.model_name.clone(),
         version,
         lane,
         body: body.clone(),
-        request_id: request_id(text("x-request-id")),
-        trace_id: trace_id(text("traceparent")),
-        traceparent: headers.get("traceparent").cloned(),
-        tracestate: headers.get("tracestate").cloned(),
+        request_id,
+        trace_id,
+        traceparent,
+        tracestate,
+        span,
         request,
         bound,
         started,
@@ -241,6 +267,9 @@ fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Inst
 fn finish(front: &GrpcFront, call: &Call, outcome: &Outcome) {
     let shared = &front.shared;
     let seconds = call.started.elapsed().as_secs_f64();
+    let bytes_out = outcome.data.as_ref().map_or(0, |data| data.len() as u64);
+    let message = || if outcome.encoded { wire::percent_decode(&outcome.message) } else { outcome.message.clone() };
+    call.span.end_grpc((outcome.code.0, outcome.code.1), outcome.reason, message, bytes_out);
     shared.metrics.finish("grpc", &call.model, outcome.code.1, seconds);
     shared.fast_requests.fetch_add(1, Ordering::Relaxed);
     let failed = outcome.code != wire::OK || !outcome.reason.is_empty();
@@ -251,7 +280,7 @@ fn finish(front: &GrpcFront, call: &Call, outcome: &Outcome) {
         let record = AccessRecord {
             request_id: call.request_id.clone(),
             trace_id: call.trace_id.clone(),
-            span_id: String::new(),
+            span_id: call.span.span_id(),
             model: call.model.clone(),
             method: "grpc".to_owned(),
             path: MODEL_INFER.to_owned(),
@@ -277,6 +306,7 @@ async fn answer(front: Arc<GrpcFront>, call: Arc<Call>) -> Outcome {
         let hidden = |name: &str| lane.is_hidden(name);
         validate_infer_request(&lane.spec, &body, Some(header_length as i64), &hidden).map(|_| ())
     });
+    call.span.phase("validation");
     if let Err(refused) = checked {
         let reason = refused.reason.label();
         shared.metrics.rejections.inc(&["grpc", model, reason]);
@@ -286,6 +316,7 @@ async fn answer(front: Arc<GrpcFront>, call: Arc<Call>) -> Outcome {
         Ok(permit) => permit,
         Err(refused) => return Outcome::refused(refused),
     };
+    call.span.phase("breaker wait");
     let _at_triton = AtTriton::new(shared, model);
     // A quarantine that begins while the call is at Triton ends it at once (admission.py's
     // _end_waiting); dropping the call resets its stream at Triton.
@@ -307,10 +338,15 @@ async fn answer(front: Arc<GrpcFront>, call: Arc<Call>) -> Outcome {
         }
     };
     drop(permit);
+    call.span.phase("upstream call");
     match outcome {
         Err(_) => Outcome::refused(lane::upstream_refusal(shared, model, Failure::Timeout)),
         Ok(Err(failure)) => Outcome::refused(lane::upstream_refusal(shared, model, failure)),
-        Ok(Ok(answer)) => judge(&front, &call, answer),
+        Ok(Ok(answer)) => {
+            let judged = judge(&front, &call, answer);
+            call.span.phase("screening");
+            judged
+        }
     }
 }
 
@@ -339,11 +375,10 @@ async fn to_triton(front: &GrpcFront, call: &Call) -> Result<TritonAnswer, Failu
     if let Ok(value) = HeaderValue::from_str(&call.request_id) {
         headers.insert("x-request-id", value);
     }
-    if let Some(value) = &call.traceparent {
-        headers.insert("traceparent", value.clone());
-    }
-    if let Some(value) = &call.tracestate {
-        headers.insert("tracestate", value.clone());
+    for (name, value) in [("traceparent", &call.traceparent), ("tracestate", &call.tracestate)] {
+        if let Some(value) = value.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
+            headers.insert(name, value);
+        }
     }
     let mut sender = front.triton.sender().await.map_err(Failure::Unreachable)?;
     let response = sender.send_request(request).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
