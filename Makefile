@@ -68,7 +68,7 @@ lint: $(VENV)/.installed
 	$(CARGO) fmt --manifest-path $(CRATE) --all -- --check
 	$(CARGO) clippy --manifest-path $(CRATE) --all-targets --quiet -- -D warnings
 
-GRPC_RUST_TESTS = tests/test_grpc.py tests/test_wire_fuzz.py tests/test_request_scope.py tests/test_readiness.py
+GRPC_RUST_TESTS = tests/test_grpc.py tests/test_wire_fuzz.py tests/test_request_scope.py tests/test_readiness.py tests/test_tls.py
 
 test: system-deps lint $(MLSERVER_VENV)/.installed
 	$(CARGO) test --manifest-path $(CRATE) --quiet

@@ -51,6 +51,8 @@ struct Call {
     trace_id: String,
     traceparent: Option<HeaderValue>,
     tracestate: Option<HeaderValue>,
+    /// The verified client certificate's subject ("" without mutual TLS), for the access log.
+    client_subject: Arc<str>,
     /// The client's deadline bounded by proxy.upstream_timeout_s.
     bound: Duration,
     started: Instant,
@@ -230,6 +232,8 @@ fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Inst
         trace_id: trace_id(text("traceparent")),
         traceparent: headers.get("traceparent").cloned(),
         tracestate: headers.get("tracestate").cloned(),
+        client_subject: text(super::CLIENT_SUBJECT)
+            .map_or_else(|| Arc::from(""), |s| Arc::from(wire::percent_decode(s))),
         request,
         bound,
         started,
@@ -258,7 +262,7 @@ fn finish(front: &GrpcFront, call: &Call, outcome: &Outcome) {
             status: 0,
             duration_ms: (seconds * 100_000.0).round() / 100.0,
             reason: outcome.reason.to_owned(),
-            client_subject: Arc::from(""),
+            client_subject: call.client_subject.clone(),
         };
         shared.events.push(Event::GrpcLog { record, code: outcome.code.1 });
     }
