@@ -191,10 +191,9 @@ class HttpFront:
         """Oldest first: ("answered", model, count), ("failed", model, kind, status, detail),
         ("non_finite", model, outputs), ("ended", model, count), ("log", request_id, trace_id, model,
         method, path, status, duration_ms, reason, client_subject, span_id), ("panic", model, message),
-        ("tls_refused", reason, client_subject), ("stream_ended", model, reason, events, cause),
-        ("grpc_log", request_id, trace_id, model, path, grpc code name, duration_ms, reason,
-        client_subject),
-        ("grpc_panic", model, request_id, message)."""
+        ("tls_refused", reason, client_subject, protocol: "http" or "grpc"), ("stream_ended", model,
+        reason, events, cause), ("grpc_log", request_id, trace_id, model, path, grpc code name,
+        duration_ms, reason, client_subject), ("grpc_panic", model, request_id, message)."""
     def wake_fd(self) -> int: ...
     def reload_tls(self, tls: tuple[bytes, bytes, bytes | None, list[str], str]) -> None: ...
     def close(self) -> None: ...

@@ -518,7 +518,13 @@ async def test_mutual_tls_refuses_every_client_without_an_allowed_certificate_on
     assert await _grpc_live(grpc_port, ca, other_ca) == grpc.StatusCode.UNAVAILABLE
     if GRPC_FRONT == "rust":
         # rustls refuses the SAN in the handshake, as on listen.port, and counts every reason.
-        assert await _grpc_live(grpc_port, ca, other_san) == grpc.StatusCode.UNAVAILABLE
+        with structlog.testing.capture_logs() as logs:
+            assert await _grpc_live(grpc_port, ca, other_san) == grpc.StatusCode.UNAVAILABLE
+
+            def refused() -> list[dict]:
+                return [e for e in logs if e["event"] == "tls_client_refused" and e["protocol"] == "grpc"]
+            await wait_for(lambda: bool(refused()), 5, what="the refusal logged")
+        assert refused()[0]["client_subject"].startswith("CN=batch-job"), refused()
         for reason in ("no_client_certificate", "client_certificate_rejected", "client_san_not_allowed"):
             await wait_for(lambda r=reason: _handshake_failures(sidecar, r) > before[r], 5,  # type: ignore[misc]
                            what=f"{reason} counted on gRPC")

@@ -480,8 +480,8 @@ class HttpFront:
             elif kind == "panic":
                 log.error("proxy_internal_error", model=event[1], cause=event[2], protocol="http")
             elif kind == "tls_refused":
-                _, reason, client_subject = event
-                tls_log.warning("tls_client_refused", reason=reason, client_subject=client_subject)
+                _, reason, client_subject, protocol = event
+                tls_log.warning("tls_client_refused", reason=reason, client_subject=client_subject, protocol=protocol)
             elif kind == "stream_ended":
                 _, model, reason, count, cause = event
                 log.warning("stream_ended", model=model, reason=reason, events=count, cause=cause)

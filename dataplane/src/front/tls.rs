@@ -136,7 +136,8 @@ pub fn server_config(
                 .build()
                 .map_err(|e| MaterialError::ClientCa(e.to_string()))?;
             let allowed: HashSet<String> = material.allowed_sans.iter().cloned().collect();
-            builder.with_client_cert_verifier(Arc::new(AllowedClients { verified, allowed, events }))
+            let protocol = if alpn == ALPN_H2 { "grpc" } else { "http" };
+            builder.with_client_cert_verifier(Arc::new(AllowedClients { verified, allowed, events, protocol }))
         }
     };
     let mut config = builder.with_single_cert(chain, key).map_err(MaterialError::Refused)?;
@@ -241,6 +242,8 @@ struct AllowedClients {
     verified: Arc<dyn ClientCertVerifier>,
     allowed: HashSet<String>,
     events: Arc<Events>,
+    /// The port's protocol, for the log line ("http", or "grpc" for the port that offers h2).
+    protocol: &'static str,
 }
 
 impl fmt::Debug for AllowedClients {
@@ -271,6 +274,7 @@ impl ClientCertVerifier for AllowedClients {
         self.events.push(Event::TlsRefused {
             reason: "client_san_not_allowed",
             client_subject: subject_of(end_entity.as_ref()),
+            protocol: self.protocol,
         });
         Err(Error::InvalidCertificate(CertificateError::ApplicationVerificationFailure))
     }

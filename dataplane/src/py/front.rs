@@ -466,7 +466,7 @@ impl HttpFront {
     /// ("answered", model, count), ("failed", model, kind, status, detail), ("non_finite", model,
     /// outputs), ("ended", model, count), ("log", request_id, trace_id, model, method, path, status,
     /// duration_ms, reason, client_subject, span_id), ("panic", model, message), ("tls_refused", reason,
-    /// client_subject), ("stream_ended", model, reason, events, cause), ("grpc_log", request_id,
+    /// client_subject, protocol), ("stream_ended", model, reason, events, cause), ("grpc_log", request_id,
     /// trace_id, model, path, code, duration_ms, reason, client_subject), ("grpc_panic", model,
     /// request_id, message).
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
@@ -510,8 +510,8 @@ impl HttpFront {
                 Event::GrpcPanic { model, request_id, message } => {
                     ("grpc_panic", model, request_id, message).into_pyobject(py)?
                 }
-                Event::TlsRefused { reason, client_subject } => {
-                    ("tls_refused", reason, client_subject).into_pyobject(py)?
+                Event::TlsRefused { reason, client_subject, protocol } => {
+                    ("tls_refused", reason, client_subject, protocol).into_pyobject(py)?
                 }
                 Event::StreamEnded { model, reason, events, cause } => {
                     ("stream_ended", model, reason, events, cause).into_pyobject(py)?
