@@ -68,7 +68,10 @@ lint: $(VENV)/.installed
 	$(CARGO) fmt --manifest-path $(CRATE) --all -- --check
 	$(CARGO) clippy --manifest-path $(CRATE) --all-targets --quiet -- -D warnings
 
-GRPC_RUST_TESTS = tests/test_grpc.py tests/test_wire_fuzz.py tests/test_request_scope.py tests/test_readiness.py tests/test_tls.py
+GRPC_RUST_TESTS = tests/test_grpc.py tests/test_wire_fuzz.py tests/test_request_scope.py tests/test_readiness.py
+
+# grpcs on the Rust gRPC front (issue 31, deliverable 4): TLS, rotation, mutual TLS, min_version.
+GRPC_RUST_TESTS += tests/test_tls.py
 
 test: system-deps lint $(MLSERVER_VENV)/.installed
 	$(CARGO) test --manifest-path $(CRATE) --quiet

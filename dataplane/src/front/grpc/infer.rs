@@ -51,11 +51,12 @@ struct Call {
     trace_id: String,
     traceparent: Option<HeaderValue>,
     tracestate: Option<HeaderValue>,
-    /// The verified client certificate's subject ("" without mutual TLS), for the access log.
-    client_subject: Arc<str>,
     /// The client's deadline bounded by proxy.upstream_timeout_s.
     bound: Duration,
     started: Instant,
+    /// The verified client certificate's subject ("" without mutual TLS), for the access log
+    /// (`super::CLIENT_SUBJECT`, set by the connection).
+    client_subject: Arc<str>,
 }
 
 /// How a call ends: its status, message and the trailing metadata that goes with it.
@@ -232,11 +233,11 @@ fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Inst
         trace_id: trace_id(text("traceparent")),
         traceparent: headers.get("traceparent").cloned(),
         tracestate: headers.get("tracestate").cloned(),
-        client_subject: text(super::CLIENT_SUBJECT)
-            .map_or_else(|| Arc::from(""), |s| Arc::from(wire::percent_decode(s))),
         request,
         bound,
         started,
+        client_subject: text(super::CLIENT_SUBJECT)
+            .map_or_else(|| Arc::from(""), |s| Arc::from(wire::percent_decode(s))),
     })
 }
 
