@@ -7,9 +7,9 @@ handshake, hands out the material of the newest reload; SANs are checked per cal
 certificate during the handshake. None of it runs with `listen.grpc_front: rust`: the data plane
 terminates TLS on the port itself (dataplane/src/front/grpc/, rustls, SANs refused at the handshake),
 the server here listens in plaintext on loopback behind it and reads the client's subject from the
-header the front sets (`front_client_subject`). A module of its own so that grpc is imported only with a gRPC port
-(sidecar.fronts.grpc_server imports it; about 12 MB of resident memory an HTTP-only sidecar does not
-carry: bench/RESULTS.md §4c).
+header the front sets (`front_client_subject`). A module of its own so that grpc is imported only
+with a gRPC port (sidecar.fronts.grpc_server imports it; about 12 MB of resident memory an HTTP-only
+sidecar does not carry: bench/RESULTS.md §4c).
 """
 
 from __future__ import annotations
