@@ -71,6 +71,9 @@ lint: $(VENV)/.installed
 GRPC_RUST_TESTS = tests/test_grpc.py tests/test_wire_fuzz.py tests/test_request_scope.py tests/test_readiness.py \
 	tests/test_tracing.py
 
+# grpcs on the Rust gRPC front (issue 31, deliverable 4): TLS, rotation, mutual TLS, min_version.
+GRPC_RUST_TESTS += tests/test_tls.py
+
 test: system-deps lint $(MLSERVER_VENV)/.installed
 	$(CARGO) test --manifest-path $(CRATE) --quiet
 	$(BIN)/python -m pytest

@@ -13,7 +13,11 @@ Scenarios: HTTP keep-alive (wrk, 1x128 FP32 JSON on credit_risk) and gRPC (bench
 per request is CPU per handshake) on HTTP. The certificate is ECDSA P-256 from a
 throwaway CA made here (sidecar.devtools.certificates), as cert-manager issues it in k8s/overlays/tls.
 
-    .venv/bin/python -m bench.tls_overhead [--rounds 3 --duration 5]
+    .venv/bin/python -m bench.tls_overhead [--rounds 3 --duration 5] [--grpc-front rust]
+
+`--grpc-front rust` serves both sidecars' gRPC port with the data plane's gRPC front (issue 31), which
+terminates grpcs itself with rustls: the TLS (grpcs) target of issue 31 is its CPU per call against
+Envoy terminating TLS straight in front of Triton (`--front rust`).
 """
 
 from __future__ import annotations
@@ -73,12 +77,15 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         common = {"models": [MODEL], "golden_dir": built.golden_dir, "filtering": {"rules": [CREDIT_FILTER_RULE]},
                   "validation": {"reject_non_finite": True}}
         front = getattr(args, "front", "python")
-        plain = SidecarProcess(sidecar_settings(triton, listen={"grpc_port": free_port(), "front": front}, **common),
+        grpc_front = getattr(args, "grpc_front", "python")
+        plain = SidecarProcess(sidecar_settings(triton, listen={"grpc_port": free_port(), "front": front,
+                                                                "grpc_front": grpc_front}, **common),
                                workdir / "sidecar")
         stack.callback(plain.stop)
         plain.start()
         secure = SidecarProcess(sidecar_settings(
-            triton, listen={"grpc_port": free_port(), "probe_port": free_port(), "front": front},
+            triton, listen={"grpc_port": free_port(), "probe_port": free_port(), "front": front,
+                            "grpc_front": grpc_front},
             tls={"cert_file": str(cert), "key_file": str(key)}, **common), workdir / "sidecar-tls")
         stack.callback(secure.stop)
         secure.start()
@@ -137,7 +144,8 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                           f"{result['throughput_rps']:8.0f} req/s  cpu {1000 * cpu / max(result['requests'], 1):.3f} "
                           f"ms/req  errors {result['errors']}", flush=True)
     return {"benchmark": "tls_overhead", "command": command_line(), "machine": machine, "profile": {},
-            "settings": {"rounds": args.rounds, "duration_s": args.duration, "model": MODEL,
+            "settings": {"rounds": args.rounds, "duration_s": args.duration, "model": MODEL, "front": front,
+                         "grpc_front": grpc_front,
                          "certificate": "ECDSA P-256, TLS 1.3 (both servers' default)",
                          "envoy": subprocess.run([envoy.binary, "--version"], capture_output=True, text=True
                                                  ).stdout.strip().splitlines()[-1][:120]},
@@ -190,7 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--front", choices=("python", "rust"), default="rust",
                         help="what serves the sidecars' listen.port (listen.front); rust also puts Envoy straight "
                              "in front of Triton, issue 30's comparison (default rust, the shipped default)")
+    parser.add_argument("--grpc-front", choices=("python", "rust"), default="python",
+                        help="what serves the sidecars' listen.grpc_port (listen.grpc_front; rust needs --front rust "
+                             "and terminates grpcs in rustls; default python, the shipped default)")
     args = parser.parse_args(argv)
+    if args.grpc_front == "rust" and args.front != "rust":
+        parser.error("--grpc-front rust needs --front rust (listen.grpc_front: rust runs on the Rust HTTP front)")
     return run_overhead_benchmark("tls_overhead", args, measure, verdicts, markdown)
 
 

@@ -165,9 +165,12 @@ class HttpFront:
         max_connections: int,
         max_idle_s: float,
         max_age_s: float,
+        tls: tuple[bytes, bytes, bytes | None, list[str], str] | None = None,
     ) -> int:
         """listen.grpc_port on this front's runtime (listen.grpc_front: rust); the bound port.
-        ModelInfer to a lane is served here, every other call passed to 127.0.0.1:back_port."""
+        ModelInfer to a lane is served here, every other call passed to 127.0.0.1:back_port. `tls`:
+        the front's own material (given exactly when the front was started with tls): grpcs, ALPN h2,
+        rotated by reload_tls with listen.port."""
     @property
     def grpc_counts(self) -> tuple[int, int]:
         """(calls handed to the Python gRPC server, ModelInfer calls answered without it)."""
@@ -188,9 +191,9 @@ class HttpFront:
         """Oldest first: ("answered", model, count), ("failed", model, kind, status, detail),
         ("non_finite", model, outputs), ("ended", model, count), ("log", request_id, trace_id, model,
         method, path, status, duration_ms, reason, client_subject, span_id), ("panic", model, message),
-        ("tls_refused", reason, client_subject), ("stream_ended", model, reason, events, cause),
-        ("grpc_log", request_id, trace_id, model, path, grpc code name, duration_ms, reason),
-        ("grpc_panic", model, request_id, message)."""
+        ("tls_refused", reason, client_subject, protocol: "http" or "grpc"), ("stream_ended", model,
+        reason, events, cause), ("grpc_log", request_id, trace_id, model, path, grpc code name,
+        duration_ms, reason, client_subject), ("grpc_panic", model, request_id, message)."""
     def wake_fd(self) -> int: ...
     def reload_tls(self, tls: tuple[bytes, bytes, bytes | None, list[str], str]) -> None: ...
     def close(self) -> None: ...

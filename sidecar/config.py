@@ -934,9 +934,6 @@ def _check_tls_keys(tls: Mapping[str, Any], listen: Mapping[str, Any], source: s
     if tls.get("client_allowed_sans") and not tls.get("client_ca_file"):
         raise ConfigError(f"{source}: key 'tls.client_allowed_sans' needs tls.client_ca_file (mutual TLS)")
     if listen.get("grpc_front") == "rust" and listen.get("grpc_port", 8081):
-        if tls.get("cert_file"):
-            raise ConfigError(f"{source}: key 'listen.grpc_front': rust serves plaintext only for now (issue 31); "
-                              "with tls.cert_file set use listen.grpc_front: python")
         if listen.get("front", "rust") != "rust":
             raise ConfigError(f"{source}: key 'listen.grpc_front': rust runs on the Rust HTTP front's runtime and "
                               "needs listen.front: rust")

@@ -140,8 +140,8 @@ class SidecarMetrics:
                                      "served now (Unix time), by tls.cert_file; a renewal that is not picked up "
                                      "shows here.", ["cert_file"], registry=registry)
         # tls_handshake_failures_total{reason}: counted by the data plane (either front terminates TLS on
-        # listen.port) and exported by DataPlaneCollector (_CONNECTION_COUNTERS); ServerTls makes its
-        # series at zero when tls.cert_file is set.
+        # listen.port; the Rust gRPC front on listen.grpc_port too) and exported by DataPlaneCollector
+        # (_CONNECTION_COUNTERS); ServerTls makes its series at zero when tls.cert_file is set.
 
         # Version rollouts (sidecar.serving.rollouts, docs/rollouts.md)
         self.rollout_share = Gauge(f"{PREFIX}_rollout_share", "The candidate's share of unpinned traffic now.",
@@ -235,8 +235,9 @@ _CONNECTION_COUNTERS = (
      "ended the lingering (client_closed, drained, time, idle, bytes).", ("how",), []),
     ("tls_handshake_failures", f"{PREFIX}_tls_handshake_failures", "TLS connections refused, by reason (not_tls, "
      "no_client_certificate, client_certificate_rejected, client_san_not_allowed, protocol_version, timeout, "
-     "client_closed, other): every failed handshake on listen.port; on listen.grpc_port only "
-     "client_san_not_allowed (gRPC core fails the others unseen).", ("reason",), []),
+     "client_closed, other): every failed handshake on listen.port, and on listen.grpc_port with "
+     "listen.grpc_front: rust; with grpcio on listen.grpc_port only client_san_not_allowed (gRPC core fails the "
+     "others unseen).", ("reason",), []),
 )
 
 #: Tracing's families, counted by both exporters (0 while tracing.endpoint is empty); the same shape.

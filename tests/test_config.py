@@ -132,14 +132,19 @@ def test_config_is_frozen():
         config.probes.interval_s = 1  # type: ignore[misc]
 
 
-def test_the_rust_grpc_front_is_refused_with_tls_or_the_python_http_front_and_off_by_default(tmp_path):
+def test_the_rust_grpc_front_serves_tls_needs_the_rust_http_front_and_is_off_by_default(tmp_path):
     assert load_config(None, environ={}).listen.grpc_front == "python"
+    # grpcs on the Rust gRPC front (issue 31, deliverable 4): tls.cert_file is no longer refused with it.
     tls = _file(tmp_path, "listen:\n  grpc_front: rust\ntls:\n  cert_file: c.pem\n  key_file: k.pem\n")
-    with pytest.raises(ConfigError, match=r"key 'listen\.grpc_front': rust serves plaintext only for now"):
-        load_config(tls, environ={})
+    config = load_config(tls, environ={})
+    assert config.listen.grpc_front == "rust" and config.tls.cert_file == "c.pem"
     python = _file(tmp_path, "listen:\n  grpc_front: rust\n  front: python\n")
     with pytest.raises(ConfigError, match=r"key 'listen\.grpc_front': rust runs on the Rust HTTP front's runtime"):
         load_config(python, environ={})
+    python_tls = _file(tmp_path, "listen:\n  grpc_front: rust\n  front: python\n"
+                                 "tls:\n  cert_file: c.pem\n  key_file: k.pem\n")
+    with pytest.raises(ConfigError, match=r"key 'listen\.grpc_front': rust runs on the Rust HTTP front's runtime"):
+        load_config(python_tls, environ={})
     assert load_config(None, environ={"SIDECAR_LISTEN_GRPC_FRONT": "rust"}).listen.grpc_front == "rust"
     # No gRPC port: nothing for it to serve, nothing to refuse.
     none = _file(tmp_path, "listen:\n  grpc_front: rust\n  grpc_port: 0\n  front: python\n")

@@ -60,6 +60,10 @@ SERVES_ON_ASYNCIO_LOOP = True
 
 #: The front the `run` command is started with (make test runs this file again with python).
 FRONT = os.environ.get("SIDECAR_TEST_FRONT", "rust")
+#: What serves listen.grpc_port (tests/harness.py; make test runs this file again with rust: the data
+#: plane's gRPC front terminates TLS itself with rustls, refuses a SAN at the handshake, honours
+#: min_version, counts its failed handshakes by reason).
+GRPC_FRONT = os.environ.get("SIDECAR_TEST_GRPC_FRONT", "python")
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +190,7 @@ async def test_run_serves_tls_on_both_ports_and_plaintext_probes_only_on_probe_p
            "SIDECAR_LISTEN_GRPC_PORT": str(grpc_port), "SIDECAR_LISTEN_PROBE_PORT": str(probe_port),
            "SIDECAR_TLS_CERT_FILE": str(volume.cert_file), "SIDECAR_TLS_KEY_FILE": str(volume.key_file),
            "SIDECAR_MODELS": "credit_risk", "SIDECAR_GOLDEN_DIR": str(GOLDEN), "SIDECAR_PROBES_INTERVAL_S": "0.3",
-           "SIDECAR_LISTEN_FRONT": FRONT}
+           "SIDECAR_LISTEN_FRONT": FRONT, "SIDECAR_LISTEN_GRPC_FRONT": GRPC_FRONT}
     process = subprocess.Popen([sys.executable, "-m", "sidecar", "run"], cwd=REPO, env={**os.environ, **env},
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     probes = f"http://127.0.0.1:{probe_port}"
@@ -303,6 +307,8 @@ async def test_https_and_grpc_over_tls_answer_like_triton_and_plaintext_gets_no_
         with pytest.raises(grpc.aio.AioRpcError) as plain:
             await channel.unary_unary(f"/{SERVICE}/ServerLive")(pb.ServerLiveRequest().SerializeToString(), timeout=5)
     assert plain.value.code() == grpc.StatusCode.UNAVAILABLE
+    if GRPC_FRONT == "rust":  # the data plane's gRPC front counts its port's failed handshakes too
+        await wait_for(lambda: _handshake_failures(sidecar, "not_tls") >= 2, 5, what="not_tls counted on gRPC")
 
     assert sidecar.metric("triton_sidecar_tls_cert_expiry_timestamp_seconds", cert_file=str(volume.cert_file)) == \
         pytest.approx(served.cert.not_valid_after_utc.timestamp())
@@ -351,6 +357,7 @@ async def test_a_renewed_certificate_serves_new_connections_within_2s_while_open
         assert status == 200 and b"scores" in answer
         assert (await long_lived.request("GET", "/v2/models/credit_risk"))[0] == 200  # handed to aiohttp, over TLS
         assert pb.ServerLiveResponse.FromString(await live(pb.ServerLiveRequest().SerializeToString(), timeout=5)).live
+        assert await _grpc_live(grpc_port, ca, None) == grpc.StatusCode.OK  # and a new one, on the new certificate
         assert sidecar.metric("triton_sidecar_tls_cert_expiry_timestamp_seconds", cert_file=str(volume.cert_file)) \
             == pytest.approx(new.cert.not_valid_after_utc.timestamp())
     finally:
@@ -413,7 +420,8 @@ async def test_a_broken_renewal_is_refused_naming_the_file_and_the_old_certifica
 async def test_min_version_1_3_refuses_a_tls_1_2_client_and_counts_it(triton, start, ca, tmp_path):
     volume = SecretVolume(tmp_path / "secret")
     volume.install(server_cert(ca), ca)
-    config = tls_config(triton, volume, grpc_port=False)
+    rust_grpc = GRPC_FRONT == "rust"  # grpcio's credentials have no minimum version: only rustls' do
+    config = tls_config(triton, volume, grpc_port=rust_grpc)
     config = replace(config, tls=replace(config.tls, min_version="1.3"))
     sidecar = await started_and_healthy(start, config)
     old_client = client_context(ca)
@@ -421,6 +429,25 @@ async def test_min_version_1_3_refuses_a_tls_1_2_client_and_counts_it(triton, st
     assert await _https_status(sidecar.server.port, old_client) is None
     await wait_for(lambda: _handshake_failures(sidecar, "protocol_version") >= 1, 5, what="protocol_version counted")
     assert await _https_status(sidecar.server.port, client_context(ca)) == 200  # TLS 1.3 goes through
+    if rust_grpc:
+        old_h2 = client_context(ca, alpn=("h2",))
+        old_h2.maximum_version = ssl.TLSVersion.TLSv1_2
+        assert not await _handshake_completes(config.listen.grpc_port, old_h2)
+        await wait_for(lambda: _handshake_failures(sidecar, "protocol_version") >= 2, 5,
+                       what="protocol_version counted on gRPC")
+        assert await _handshake_completes(config.listen.grpc_port, client_context(ca, alpn=("h2",)))
+        assert await _grpc_live(config.listen.grpc_port, ca, None) == grpc.StatusCode.OK
+
+
+async def _handshake_completes(port: int, context: ssl.SSLContext) -> bool:
+    """Whether a TLS handshake with `context` completes on `port`."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port, ssl=context,
+                                                                   server_hostname="localhost"), 10)
+    except (ssl.SSLError, ConnectionError):
+        return False
+    writer.close()
+    return True
 
 
 # -- mutual TLS ----------------------------------------------------------------------------------------------------
@@ -441,12 +468,14 @@ async def _https_status(port: int, context: ssl.SSLContext) -> int | None:
         connection.close()
 
 
-async def _grpc_live(port: int, ca: Issued, client: Issued | None) -> grpc.StatusCode:
+async def _grpc_live(port: int, ca: Issued, client: Issued | None,
+                     metadata: tuple[tuple[str, str], ...] = ()) -> grpc.StatusCode:
     credentials = grpc.ssl_channel_credentials(
         ca.cert_pem, client.key_pem if client else None, client.cert_pem if client else None)
     async with grpc.aio.secure_channel(f"localhost:{port}", credentials) as channel:
         try:
-            await channel.unary_unary(f"/{SERVICE}/ServerLive")(pb.ServerLiveRequest().SerializeToString(), timeout=5)
+            await channel.unary_unary(f"/{SERVICE}/ServerLive")(pb.ServerLiveRequest().SerializeToString(), timeout=5,
+                                                                metadata=metadata or None)
         except grpc.aio.AioRpcError as e:
             return e.code()
     return grpc.StatusCode.OK
@@ -479,11 +508,28 @@ async def test_mutual_tls_refuses_every_client_without_an_allowed_certificate_on
 
     with structlog.testing.capture_logs() as logs:
         assert await _grpc_live(grpc_port, ca, allowed) == grpc.StatusCode.OK
+        # A subject the client names itself is never taken for its certificate's.
+        assert await _grpc_live(grpc_port, ca, allowed, (("x-sidecar-client-subject", "CN=admin"),)) \
+            == grpc.StatusCode.OK
     access = [e for e in logs if e["event"] == "proxy_request" and e["protocol"] == "grpc"]
-    assert access and access[-1]["client_subject"].startswith("CN=fraud-scorer"), access
+    assert len(access) == 2 and all(e["client_subject"].startswith("CN=fraud-scorer") for e in access), access
+    before = {reason: _handshake_failures(sidecar, reason) for reason in HANDSHAKE_REASONS}
     assert await _grpc_live(grpc_port, ca, None) == grpc.StatusCode.UNAVAILABLE
     assert await _grpc_live(grpc_port, ca, other_ca) == grpc.StatusCode.UNAVAILABLE
-    assert await _grpc_live(grpc_port, ca, other_san) == grpc.StatusCode.UNAUTHENTICATED
+    if GRPC_FRONT == "rust":
+        # rustls refuses the SAN in the handshake, as on listen.port, and counts every reason.
+        with structlog.testing.capture_logs() as logs:
+            assert await _grpc_live(grpc_port, ca, other_san) == grpc.StatusCode.UNAVAILABLE
+
+            def refused() -> list[dict]:
+                return [e for e in logs if e["event"] == "tls_client_refused" and e["protocol"] == "grpc"]
+            await wait_for(lambda: bool(refused()), 5, what="the refusal logged")
+        assert refused()[0]["client_subject"].startswith("CN=batch-job"), refused()
+        for reason in ("no_client_certificate", "client_certificate_rejected", "client_san_not_allowed"):
+            await wait_for(lambda r=reason: _handshake_failures(sidecar, r) > before[r], 5,  # type: ignore[misc]
+                           what=f"{reason} counted on gRPC")
+    else:  # grpcio cannot refuse a verified certificate in its handshake: the call is refused
+        assert await _grpc_live(grpc_port, ca, other_san) == grpc.StatusCode.UNAUTHENTICATED
 
     # tritonclient.grpc with a client certificate: Triton's own answer.
     key_file, cert_file = folder / "allowed.key", folder / "allowed.crt"
@@ -494,8 +540,26 @@ async def test_mutual_tls_refuses_every_client_without_an_allowed_certificate_on
                                                    private_key=str(key_file), certificate_chain=str(cert_file))
     try:
         x = features(rows=1, seed=9)
-        assert np.array_equal((await proxied.infer("credit_risk", _grpc_inputs(x))).as_numpy("scores"),
-                              _direct_scores(triton, x))
+        want = _direct_scores(triton, x)
+        served = sidecar.server.grpc_served if GRPC_FRONT == "rust" else 0
+        infers = 0
+
+        async def inferred() -> bool:
+            """One infer; on the Rust gRPC front, until its lane (not grpcio behind it) answered one."""
+            nonlocal infers
+            assert np.array_equal((await proxied.infer("credit_risk", _grpc_inputs(x))).as_numpy("scores"), want)
+            infers += 1
+            return GRPC_FRONT != "rust" or sidecar.server.grpc_served > served
+
+        def infer_logged() -> list[dict]:
+            return [e for e in logs if e["event"] == "proxy_request" and str(e.get("path", "")).endswith("/ModelInfer")]
+
+        with structlog.testing.capture_logs() as logs:
+            await wait_for(inferred, 10, what="a ModelInfer answered")
+            # The Rust gRPC front's lane sends its access records up asynchronously: wait for them.
+            await wait_for(lambda: len(infer_logged()) >= infers, 5, what="every ModelInfer's access record")
+        # Passed through to grpcio or served by the lane: each record names the certificate's subject.
+        assert all(e.get("client_subject", "").startswith("CN=fraud-scorer") for e in infer_logged()), infer_logged()
     finally:
         await proxied.close()
 

@@ -30,7 +30,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from sidecar.config import SidecarConfig
 from sidecar.fronts.appkeys import CONFIG, GRPC_BACK_PORT, READINESS, SERVING, STATES, TLS, WATCH
-from sidecar.fronts.grpc_tls import GrpcCredentials, grpc_client_subject, grpc_interceptors
+from sidecar.fronts.grpc_tls import GrpcCredentials, front_client_subject, grpc_client_subject, grpc_interceptors
 from sidecar.fronts.http_routes import cohort_of, exposed_extensions
 from sidecar.messages import cut
 from sidecar.protocol.answers import BINARY_DTYPES, AnswerTensor
@@ -287,7 +287,10 @@ class _PassedOn(Exception):
 
 
 class GrpcFront:
-    def __init__(self, app: web.Application) -> None:
+    def __init__(self, app: web.Application, *, behind_front: bool = False) -> None:
+        """`behind_front`: on loopback behind the data plane's gRPC front (listen.grpc_front: rust),
+        which terminates TLS: this server listens in plaintext and takes the client certificate's
+        subject from the front's header instead of its own handshake."""
         self.app = app
         self.core: ServingCore = app[SERVING]
         config = app[CONFIG]
@@ -298,7 +301,9 @@ class GrpcFront:
         self.upstream_stream = self.channel.stream_stream(f"/{SERVICE}/ModelStreamInfer")
         self._unary = {name: self.channel.unary_unary(f"/{SERVICE}/{name}") for name in
                        ("ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics")}
-        self.tls = app.get(TLS)
+        tls = app.get(TLS)
+        #: The port's TLS when this server terminates it (never behind the front).
+        self.tls = None if behind_front else tls
         self.server = grpc.aio.server(interceptors=grpc_interceptors(self.tls) if self.tls else None,
                                       options=server_options(config))
         handlers: dict[str, grpc.RpcMethodHandler] = {
@@ -318,7 +323,9 @@ class GrpcFront:
         health_pb2_grpc.add_HealthServicer_to_server(HealthService(app), self.server)
         self.port = 0
         #: The client certificate's subject for the access log (mutual TLS only: it costs a lookup per call).
-        self._client_subject = grpc_client_subject if self.tls and self.tls.mutual else _no_client
+        self._client_subject = _no_client
+        if tls is not None and tls.mutual:
+            self._client_subject = front_client_subject if behind_front else grpc_client_subject
 
     async def start(self, host: str, port: int) -> None:
         if self.tls is not None:  # new connections ask self.tls for the certificate in force
@@ -687,8 +694,9 @@ async def grpc_front(app: web.Application) -> AsyncIterator[None]:
     if not config.listen.grpc_port:
         yield
         return
-    front = GrpcFront(app)
-    if config.listen.grpc_front == "rust":
+    behind_front = config.listen.grpc_front == "rust"
+    front = GrpcFront(app, behind_front=behind_front)
+    if behind_front:
         # Behind the data plane's gRPC front (sidecar/fronts/http_front.py), which owns
         # listen.grpc_port and hands this server every call it does not serve itself.
         await front.start("127.0.0.1", 0)

@@ -4,15 +4,19 @@ the per-call check of the client certificate's SANs.
 `grpc.dynamic_ssl_server_credentials`, whose fetcher gRPC core calls before every new connection's
 handshake, hands out the material of the newest reload; SANs are checked per call by
 `AllowedSansInterceptor`, because gRPC's server credentials have no hook to refuse a verified client
-certificate during the handshake. A module of its own so that grpc is imported only with a gRPC port
-(sidecar.fronts.grpc_server imports it; about 12 MB of resident memory an HTTP-only sidecar does not
-carry: bench/RESULTS.md §4c).
+certificate during the handshake. None of it runs with `listen.grpc_front: rust`: the data plane
+terminates TLS on the port itself (dataplane/src/front/grpc/, rustls, SANs refused at the handshake),
+the server here listens in plaintext on loopback behind it and reads the client's subject from the
+header the front sets (`front_client_subject`). A module of its own so that grpc is imported only
+with a gRPC port (sidecar.fronts.grpc_server imports it; about 12 MB of resident memory an HTTP-only
+sidecar does not carry: bench/RESULTS.md §4c).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote
 
 import grpc
 import grpc.aio
@@ -77,6 +81,20 @@ def grpc_client_subject(context: grpc.aio.ServicerContext) -> str:
     """The client certificate's subject on a mutual-TLS gRPC call, or ""."""
     values = context.auth_context().get("x509_subject", ())
     return values[0].decode(errors="replace") if values else ""
+
+
+#: Set by the data plane's gRPC front on every call it passes through (listen.grpc_front: rust): the
+#: verified client certificate's RFC 4514 subject, percent-encoded as grpc-message is. The front
+#: removes any the client sent, so behind it the header is the handshake's word, never the client's.
+CLIENT_SUBJECT_HEADER = "x-sidecar-client-subject"
+
+
+def front_client_subject(context: grpc.aio.ServicerContext) -> str:
+    """The client certificate's subject of a call the data plane's gRPC front passed through, or ""."""
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_SUBJECT_HEADER:
+            return unquote(value) if isinstance(value, str) else ""
+    return ""
 
 
 async def _refuse_grpc(tls: ServerTls, context: grpc.aio.ServicerContext) -> None:

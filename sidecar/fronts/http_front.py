@@ -17,7 +17,8 @@ With `tls.cert_file` set the front terminates TLS itself (rustls, dataplane/src/
 PEM bytes ServerTls loaded and checked are handed down at start and at every rotation its watch
 finds, mutual TLS and the allowed SANs are checked in the handshake, and failed handshakes are
 counted by reason in the data plane's atomics. The Python listener behind it stays plaintext on
-loopback.
+loopback. With `listen.grpc_front: rust` the gRPC port is terminated the same way (ALPN h2, rotated
+with listen.port) and the grpcio server behind it stays plaintext on loopback too.
 
 This module is the control plane's side of that boundary:
 - **down**: which models are lanes, with their spec, hidden outputs, NaN screening, generate limits
@@ -171,19 +172,22 @@ class HttpFront:
 
     def _serve_grpc(self, host: str) -> None:
         """listen.grpc_port on the front's runtime (listen.grpc_front: rust), the Python gRPC server
-        (started with the app, on loopback) behind it."""
+        (started with the app, plaintext on loopback) behind it. With tls.cert_file set the port is
+        grpcs, terminated by the front from the same material as listen.port (ALPN h2), rotated with it
+        (`_reload_tls`); the client certificate's subject reaches the server behind as a header."""
         config = self.app[CONFIG]
         listen = config.listen
-        if self.app.get(TLS) is not None:
-            raise TlsFileError("listen.grpc_front: rust serves plaintext only for now (issue 31); with "
-                               "tls.cert_file set use listen.grpc_front: python")
+        tls: ServerTls | None = self.app.get(TLS)
         assert self._native is not None
-        self.grpc_port = self._native.serve_grpc(host, listen.grpc_port, listen.max_connections,
-                                                 self.app[GRPC_BACK_PORT], config.triton.grpc_url,
-                                                 listen.grpc_max_concurrent_streams, listen.max_connections,
-                                                 listen.grpc_max_connection_idle_s, listen.grpc_max_connection_age_s)
+        try:
+            self.grpc_port = self._native.serve_grpc(
+                host, listen.grpc_port, listen.max_connections, self.app[GRPC_BACK_PORT], config.triton.grpc_url,
+                listen.grpc_max_concurrent_streams, listen.max_connections, listen.grpc_max_connection_idle_s,
+                listen.grpc_max_connection_age_s, tls=_tls_material(tls, tls.material) if tls is not None else None)
+        except ValueError as e:  # rustls refused what OpenSSL accepted: a start-up error naming the key
+            raise TlsFileError(str(e)) from e
         log.info("grpc_listening", listen=f"{host}:{self.grpc_port}", triton=config.triton.grpc_url,
-                 front="rust")
+                 front="rust", tls=tls is not None)
 
     # -- the listener's interface (tests and the CLI read these) -------------------------------------
 
@@ -265,7 +269,8 @@ class HttpFront:
         await self.back.close()
 
     def _reload_tls(self, material: TlsMaterial) -> None:
-        """A rotation: new handshakes on the front use `material` from now on (open ones keep theirs)."""
+        """A rotation: new handshakes on the front's ports (listen.port, and listen.grpc_port when it
+        serves it) use `material` from now on (open ones keep theirs)."""
         if self._native is None:
             return
         try:
@@ -477,8 +482,8 @@ class HttpFront:
             elif kind == "panic":
                 log.error("proxy_internal_error", model=event[1], cause=event[2], protocol="http")
             elif kind == "tls_refused":
-                _, reason, client_subject = event
-                tls_log.warning("tls_client_refused", reason=reason, client_subject=client_subject)
+                _, reason, client_subject, protocol = event
+                tls_log.warning("tls_client_refused", reason=reason, client_subject=client_subject, protocol=protocol)
             elif kind == "stream_ended":
                 _, model, reason, count, cause = event
                 log.warning("stream_ended", model=model, reason=reason, events=count, cause=cause)

@@ -54,6 +54,8 @@ pub enum Event {
     TlsRefused {
         reason: &'static str,
         client_subject: String,
+        /// The port's protocol: "http" (listen.port) or "grpc" (listen.grpc_port).
+        protocol: &'static str,
     },
     /// A generate stream that began and was ended by the sidecar (its error event sent): the
     /// reason label, the events sent before it, and why (streaming.py's stream_ended log line).

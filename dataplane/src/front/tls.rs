@@ -1,4 +1,6 @@
-//! TLS on the front's port (`tls.*`, docs/tls.md), terminated with rustls.
+//! TLS on the front's ports (`tls.*`, docs/tls.md), terminated with rustls: listen.port, and
+//! listen.grpc_port with `listen.grpc_front: rust` (each its own `Terminator` and ALPN, built from
+//! the same material and swapped together at a rotation).
 //!
 //! Python reads and checks the files (sidecar/fronts/tls.py: `load_material`) and hands the PEM bytes
 //! down at start and at every rotation its watch sees; `Terminator::swap` puts the new
@@ -85,10 +87,21 @@ impl fmt::Display for MaterialError {
 
 impl std::error::Error for MaterialError {}
 
-/// The `ServerConfig` a set of files makes: ring's primitives, TLS 1.2 and 1.3 or 1.3 alone,
-/// HTTP/1.1 over ALPN (the front speaks no HTTP/2; gRPC has its own port). `events` hears of the
-/// clients refused for their SANs (logged by Python as tls_client_refused).
-pub fn server_config(material: &TlsMaterial, events: Arc<Events>) -> Result<ServerConfig, MaterialError> {
+/// ALPN on listen.port: HTTP/1.1 only (the HTTP front speaks no HTTP/2; gRPC has its own port).
+pub const ALPN_HTTP1: &[&[u8]] = &[b"http/1.1"];
+/// ALPN on listen.grpc_port (listen.grpc_front: rust): gRPC is HTTP/2 only.
+pub const ALPN_H2: &[&[u8]] = &[b"h2"];
+
+/// The `ServerConfig` a set of files makes for one port: ring's primitives, TLS 1.2 and 1.3 or 1.3
+/// alone, `alpn` the protocols offered (`ALPN_HTTP1`, `ALPN_H2`; a client that offers ALPN without
+/// one of them is refused, one that offers none is served). Both ports build theirs from the same
+/// material. `events` hears of the clients refused for their SANs (logged by Python as
+/// tls_client_refused).
+pub fn server_config(
+    material: &TlsMaterial,
+    alpn: &[&[u8]],
+    events: Arc<Events>,
+) -> Result<ServerConfig, MaterialError> {
     // ring's provider, deprecated in rustls 0.23.48 for lacking post-quantum key exchange: aws-lc-rs
     // has it but builds its C with cmake and nasm, which a fresh Debian machine lacks (Makefile:
     // `make test` needs only Python and cargo). Classical X25519/P-256 key exchange, as OpenSSL 3.0's.
@@ -123,11 +136,12 @@ pub fn server_config(material: &TlsMaterial, events: Arc<Events>) -> Result<Serv
                 .build()
                 .map_err(|e| MaterialError::ClientCa(e.to_string()))?;
             let allowed: HashSet<String> = material.allowed_sans.iter().cloned().collect();
-            builder.with_client_cert_verifier(Arc::new(AllowedClients { verified, allowed, events }))
+            let protocol = if alpn == ALPN_H2 { "grpc" } else { "http" };
+            builder.with_client_cert_verifier(Arc::new(AllowedClients { verified, allowed, events, protocol }))
         }
     };
     let mut config = builder.with_single_cert(chain, key).map_err(MaterialError::Refused)?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = alpn.iter().map(|protocol| protocol.to_vec()).collect();
     Ok(config)
 }
 
@@ -154,6 +168,11 @@ impl Terminator {
     /// New handshakes use `config` from now on; open connections keep theirs.
     pub fn swap(&self, config: ServerConfig) {
         self.config.store(Arc::new(config));
+    }
+
+    /// The bound on one handshake (tls.handshake_timeout_s), which every TLS port shares.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// The handshake, within the timeout; Err is the reason label of the failure.
@@ -223,6 +242,8 @@ struct AllowedClients {
     verified: Arc<dyn ClientCertVerifier>,
     allowed: HashSet<String>,
     events: Arc<Events>,
+    /// The port's protocol, for the log line ("http", or "grpc" for the port that offers h2).
+    protocol: &'static str,
 }
 
 impl fmt::Debug for AllowedClients {
@@ -253,6 +274,7 @@ impl ClientCertVerifier for AllowedClients {
         self.events.push(Event::TlsRefused {
             reason: "client_san_not_allowed",
             client_subject: subject_of(end_entity.as_ref()),
+            protocol: self.protocol,
         });
         Err(Error::InvalidCertificate(CertificateError::ApplicationVerificationFailure))
     }
@@ -379,19 +401,29 @@ mod tests {
     #[test]
     fn a_set_rustls_cannot_use_is_refused_naming_the_key() {
         let events = Arc::new(Events::default());
-        assert!(server_config(&material("1.2"), events.clone()).is_ok());
+        assert!(server_config(&material("1.2"), ALPN_HTTP1, events.clone()).is_ok());
         let mut bad = material("1.3");
         bad.key_pem = b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n".to_vec();
-        let refused = server_config(&bad, events.clone()).err().map(|e| e.to_string()).unwrap_or_default();
+        let refused = server_config(&bad, ALPN_HTTP1, events.clone()).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(refused.starts_with("tls.cert_file with tls.key_file"), "{refused}");
-        let refused = server_config(&material("1.1"), events).err().map(|e| e.to_string()).unwrap_or_default();
+        let refused = server_config(&material("1.1"), ALPN_H2, events).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(refused.starts_with("tls.min_version"), "{refused}");
+    }
+
+    #[test]
+    fn each_port_offers_its_own_alpn_from_the_same_material() {
+        let events = Arc::new(Events::default());
+        let alpn = |protocols| {
+            server_config(&material("1.3"), protocols, events.clone()).map(|c| c.alpn_protocols).unwrap_or_default()
+        };
+        assert_eq!(alpn(ALPN_HTTP1), vec![b"http/1.1".to_vec()]);
+        assert_eq!(alpn(ALPN_H2), vec![b"h2".to_vec()]);
     }
 
     #[tokio::test]
     async fn a_plaintext_client_and_a_silent_one_fail_the_handshake_with_their_reason() {
         use tokio::io::AsyncWriteExt;
-        let config = server_config(&material("1.2"), Arc::new(Events::default())).map_err(|e| e.to_string());
+        let config = server_config(&material("1.2"), ALPN_H2, Arc::new(Events::default())).map_err(|e| e.to_string());
         let terminator = Terminator::new(config.unwrap_or_else(|e| panic!("{e}")), Duration::from_millis(100));
 
         let (server, mut client) = tokio::io::duplex(4096);

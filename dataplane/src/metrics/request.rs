@@ -34,7 +34,8 @@ pub struct RequestMetrics {
     /// ...triton_sidecar_http_lingering_ends_total{how}
     pub lingering_ends: CounterFamily,
     /// triton_sidecar_tls_handshake_failures_total{reason}: handshakes failed on listen.port
-    /// (whichever front terminates TLS) and SAN refusals on listen.grpc_port.
+    /// (whichever front terminates TLS) and on listen.grpc_port (every one with the Rust gRPC front,
+    /// the SAN refusals alone with grpcio's).
     pub tls_handshake_failures: CounterFamily,
     /// The generate streams' families (triton_sidecar_stream_*, streams_in_flight).
     pub streams: StreamMetrics,

@@ -22,7 +22,7 @@ use crate::front::events::{Event, Events};
 use crate::front::grpc::{self, GrpcFront, GrpcSettings};
 use crate::front::settings::Settings;
 use crate::front::state::{Breaker, Canned, Ended, Lane, Snapshot};
-use crate::front::tls::{server_config, Terminator, TlsMaterial};
+use crate::front::tls::{server_config, Terminator, TlsMaterial, ALPN_H2, ALPN_HTTP1};
 use crate::front::tracing::{Tracing, TracingSettings};
 use crate::front::upstream::Upstream;
 use crate::front::{accept_loop, Shared};
@@ -178,8 +178,8 @@ impl HttpFront {
             None => None,
             Some(tls) => {
                 let timeout = secs(get("tls.handshake_timeout_s")?, "tls.handshake_timeout_s")?;
-                let config =
-                    server_config(&material(tls), events.clone()).map_err(|e| PyValueError::new_err(e.to_string()))?;
+                let config = server_config(&material(tls), ALPN_HTTP1, events.clone())
+                    .map_err(|e| PyValueError::new_err(e.to_string()))?;
                 Some(Terminator::new(config, timeout))
             }
         };
@@ -244,23 +244,38 @@ impl HttpFront {
         })
     }
 
-    /// Serve new TLS handshakes with this material from now on (a rotation); connections already
-    /// open keep theirs. ValueError when rustls refuses it (the material in force stays).
+    /// Serve new TLS handshakes with this material from now on (a rotation), on listen.port and on
+    /// the gRPC port when this front serves it; connections already open keep theirs. ValueError
+    /// when rustls refuses it (the material in force stays, on both ports: both configurations are
+    /// built before either is swapped).
     fn reload_tls(&self, tls: TlsTuple) -> PyResult<()> {
         let Some(terminator) = &self.shared.tls else {
             return Err(PyRuntimeError::new_err("this front serves plaintext: it was started without tls"));
         };
-        let config = server_config(&material(tls), self.shared.events.clone())
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let material = material(tls);
+        let refused = |e: crate::front::tls::MaterialError| PyValueError::new_err(e.to_string());
+        let config = server_config(&material, ALPN_HTTP1, self.shared.events.clone()).map_err(refused)?;
+        let grpc = self.grpc.lock().ok().and_then(|g| g.clone());
+        let grpc = match grpc.as_ref().and_then(|front| front.tls.as_ref()) {
+            Some(grpc_terminator) => {
+                Some((grpc_terminator, server_config(&material, ALPN_H2, self.shared.events.clone()).map_err(refused)?))
+            }
+            None => None,
+        };
         terminator.swap(config);
+        if let Some((grpc_terminator, grpc_config)) = grpc {
+            grpc_terminator.swap(grpc_config);
+        }
         Ok(())
     }
 
     /// Serve `listen.grpc_port` on this front's runtime (listen.grpc_front: rust): bind `host:port`
     /// (0: any free port) and return the port. ModelInfer to a lane is served here; every other
     /// call goes to the Python gRPC server on 127.0.0.1:`back_port`. `triton`: Triton's gRPC
-    /// "host:port" (triton.grpc_url).
-    #[pyo3(signature = (host, port, backlog, back_port, triton, max_concurrent_streams, max_connections, max_idle_s, max_age_s))]
+    /// "host:port" (triton.grpc_url). `tls`: the material this front was started with (the same
+    /// files; None when it serves plaintext), served as grpcs with ALPN h2 and the HTTP port's
+    /// handshake bound; ValueError when rustls refuses it.
+    #[pyo3(signature = (host, port, backlog, back_port, triton, max_concurrent_streams, max_connections, max_idle_s, max_age_s, tls = None))]
     #[allow(clippy::too_many_arguments)]
     fn serve_grpc(
         &self,
@@ -273,7 +288,22 @@ impl HttpFront {
         max_connections: usize,
         max_idle_s: f64,
         max_age_s: f64,
+        tls: Option<TlsTuple>,
     ) -> PyResult<u16> {
+        let terminator = match (tls, &self.shared.tls) {
+            (None, None) => None,
+            (Some(tls), Some(http)) => {
+                let config = server_config(&material(tls), ALPN_H2, self.shared.events.clone())
+                    .map_err(|e| PyValueError::new_err(e.to_string()))?;
+                Some(Terminator::new(config, http.timeout()))
+            }
+            (Some(_), None) => {
+                return Err(PyRuntimeError::new_err("serve_grpc: tls given to a front started without tls"))
+            }
+            (None, Some(_)) => {
+                return Err(PyRuntimeError::new_err("serve_grpc: this front serves TLS: the gRPC port needs it too"))
+            }
+        };
         let bound = |s: f64, key: &str| -> PyResult<Option<Duration>> {
             if s > 0.0 {
                 secs(s, key).map(Some)
@@ -292,7 +322,8 @@ impl HttpFront {
             bind(address, backlog).map_err(|e| PyOSError::new_err(format!("listen.grpc_port {port}: {e}")))?;
         let bound = listener.local_addr().map_err(|e| PyOSError::new_err(e.to_string()))?.port();
         let settings = GrpcSettings { max_concurrent_streams, max_connections, max_idle, max_age };
-        let front = Arc::new(GrpcFront::new(self.shared.clone(), format!("127.0.0.1:{back_port}"), triton, settings));
+        let back = format!("127.0.0.1:{back_port}");
+        let front = Arc::new(GrpcFront::new(self.shared.clone(), back, triton, settings, terminator));
         let stopped = self.stop.subscribe();
         let serving = front.clone();
         self.runtime.spawn(async move {
@@ -435,8 +466,8 @@ impl HttpFront {
     /// ("answered", model, count), ("failed", model, kind, status, detail), ("non_finite", model,
     /// outputs), ("ended", model, count), ("log", request_id, trace_id, model, method, path, status,
     /// duration_ms, reason, client_subject, span_id), ("panic", model, message), ("tls_refused", reason,
-    /// client_subject), ("stream_ended", model, reason, events, cause), ("grpc_log", request_id, trace_id,
-    /// model, path, code, duration_ms, reason, client_subject, span_id), ("grpc_panic", model,
+    /// client_subject, protocol), ("stream_ended", model, reason, events, cause), ("grpc_log", request_id,
+    /// trace_id, model, path, code, duration_ms, reason, client_subject, span_id), ("grpc_panic", model,
     /// request_id, message).
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.shared.watchdog.control_seen();
@@ -480,8 +511,8 @@ impl HttpFront {
                 Event::GrpcPanic { model, request_id, message } => {
                     ("grpc_panic", model, request_id, message).into_pyobject(py)?
                 }
-                Event::TlsRefused { reason, client_subject } => {
-                    ("tls_refused", reason, client_subject).into_pyobject(py)?
+                Event::TlsRefused { reason, client_subject, protocol } => {
+                    ("tls_refused", reason, client_subject, protocol).into_pyobject(py)?
                 }
                 Event::StreamEnded { model, reason, events, cause } => {
                     ("stream_ended", model, reason, events, cause).into_pyobject(py)?

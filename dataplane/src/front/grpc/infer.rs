@@ -66,6 +66,9 @@ struct Call {
     /// The client's deadline bounded by proxy.upstream_timeout_s.
     bound: Duration,
     started: Instant,
+    /// The verified client certificate's subject ("" without mutual TLS), for the access log
+    /// (`super::CLIENT_SUBJECT`, set by the connection).
+    client_subject: Arc<str>,
 }
 
 /// How a call ends: its status, message and the trailing metadata that goes with it.
@@ -259,6 +262,8 @@ fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Inst
         request,
         bound,
         started,
+        client_subject: text(super::CLIENT_SUBJECT)
+            .map_or_else(|| Arc::from(""), |s| Arc::from(wire::percent_decode(s))),
     })
 }
 
@@ -287,7 +292,7 @@ fn finish(front: &GrpcFront, call: &Call, outcome: &Outcome) {
             status: 0,
             duration_ms: (seconds * 100_000.0).round() / 100.0,
             reason: outcome.reason.to_owned(),
-            client_subject: Arc::from(""),
+            client_subject: call.client_subject.clone(),
         };
         shared.events.push(Event::GrpcLog { record, code: outcome.code.1 });
     }

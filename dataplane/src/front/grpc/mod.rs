@@ -8,6 +8,13 @@
 //! call is passed through as it is, streaming both ways with its headers and trailers, to the
 //! Python gRPC server listening on a loopback port behind the front (`passthrough`), which answers
 //! it exactly as before; a client that cancels drops the forwarded call, which cancels it there.
+//!
+//! With tls.cert_file set this port is grpcs: each connection's handshake comes first, on the HTTP
+//! port's rules (`super::tls`: the same material, client CA and allowed SANs, ALPN `h2`, the same
+//! bound and failure reasons), then HTTP/2 inside it. The Python gRPC server behind stays plaintext
+//! on loopback; what it needs of the handshake, the verified client certificate's subject for its
+//! access log, travels as the `x-sidecar-client-subject` header, set here on every call (a client's
+//! own is always removed, so no client can name itself).
 
 pub mod channel;
 pub mod document;
@@ -25,13 +32,16 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::header::HeaderValue;
 use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use super::tls::{self, Terminator};
 use super::Shared;
 
 use self::channel::Channel;
@@ -45,6 +55,8 @@ pub struct GrpcFront {
     /// Triton's gRPC port (triton.grpc_url).
     pub triton: Channel,
     pub settings: GrpcSettings,
+    /// TLS on listen.grpc_port (tls.cert_file set): every connection's handshake, then HTTP/2 inside.
+    pub tls: Option<Terminator>,
     /// Calls handed to the Python gRPC server, and calls answered here without it.
     pub handovers: AtomicU64,
     pub served: AtomicU64,
@@ -67,12 +79,19 @@ pub struct GrpcSettings {
 }
 
 impl GrpcFront {
-    pub fn new(shared: Arc<Shared>, back: String, triton: String, settings: GrpcSettings) -> Self {
+    pub fn new(
+        shared: Arc<Shared>,
+        back: String,
+        triton: String,
+        settings: GrpcSettings,
+        tls: Option<Terminator>,
+    ) -> Self {
         GrpcFront {
             shared,
             back: Channel::new(back),
             triton: Channel::new(triton),
             settings,
+            tls,
             handovers: AtomicU64::new(0),
             served: AtomicU64::new(0),
             open_connections: AtomicUsize::new(0),
@@ -118,6 +137,10 @@ fn unavailable(message: String) -> Response<GrpcBody> {
     wire::answer(wire::UNAVAILABLE, &message, false, None, &[])
 }
 
+/// The header that carries the verified client certificate's subject (RFC 4514, percent-encoded as
+/// grpc-message is) to the Python gRPC server behind the front and to the lane's access record.
+pub const CLIENT_SUBJECT: &str = "x-sidecar-client-subject";
+
 /// Accept connections until `stop` turns true; each connection is its own task.
 pub async fn accept_loop(listener: TcpListener, front: Arc<GrpcFront>, mut stop: watch::Receiver<bool>) {
     loop {
@@ -139,26 +162,64 @@ pub async fn accept_loop(listener: TcpListener, front: Arc<GrpcFront>, mut stop:
         let _ = stream.set_nodelay(true);
         front.open_connections.fetch_add(1, Ordering::Relaxed);
         let front = front.clone();
-        let stop = stop.clone();
+        let mut stop = stop.clone();
         tokio::spawn(async move {
             let counted = Counted(front.clone());
-            serve_connection(stream, front, stop).await;
+            match &front.tls {
+                None => serve_connection(stream, None, front.clone(), stop).await,
+                Some(terminator) => {
+                    // The handshake first, bounded, its failure counted by reason and never served.
+                    let accepted = tokio::select! {
+                        accepted = terminator.accept(stream) => Some(accepted),
+                        _ = stop.wait_for(|stopped| *stopped) => None,
+                    };
+                    match accepted {
+                        Some(Ok(tls::Accepted { stream, client_subject })) => {
+                            let subject = subject_header(&client_subject);
+                            serve_connection(stream, subject, front.clone(), stop).await;
+                        }
+                        Some(Err(reason)) => front.shared.metrics.tls_handshake_failures.inc(&[reason]),
+                        None => {}
+                    }
+                }
+            }
             drop(counted);
         });
     }
 }
 
+/// The `x-sidecar-client-subject` value of a connection's client certificate (None without one).
+fn subject_header(subject: &str) -> Option<HeaderValue> {
+    if subject.is_empty() {
+        return None;
+    }
+    HeaderValue::from_str(&wire::percent_encode(subject)).ok()
+}
+
 /// One connection's calls until it closes; at stop, when idle past listen.grpc_max_connection_idle_s
-/// or older than listen.grpc_max_connection_age_s: GOAWAY, and the calls open finish.
-async fn serve_connection(stream: TcpStream, front: Arc<GrpcFront>, mut stop: watch::Receiver<bool>) {
+/// or older than listen.grpc_max_connection_age_s: GOAWAY, and the calls open finish. `subject`: the
+/// verified client certificate's, set on every call in place of whatever the client sent.
+async fn serve_connection<S>(
+    stream: S,
+    subject: Option<HeaderValue>,
+    front: Arc<GrpcFront>,
+    mut stop: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let calls = Arc::new(Calls { open: AtomicUsize::new(0), last: Mutex::new(Instant::now()) });
     let opened = Instant::now();
     let service = {
         let front = front.clone();
         let calls = calls.clone();
-        service_fn(move |request: Request<Incoming>| {
+        service_fn(move |mut request: Request<Incoming>| {
             let front = front.clone();
             let open = OpenCall::new(calls.clone());
+            let headers = request.headers_mut();
+            headers.remove(CLIENT_SUBJECT);
+            if let Some(subject) = &subject {
+                headers.insert(CLIENT_SUBJECT, subject.clone());
+            }
             async move { Ok::<_, Infallible>(front.route(request).await.map(|body| Tracked { body, _open: open }.boxed())) }
         })
     };
@@ -252,4 +313,18 @@ impl Drop for Counted {
 /// A body already read, handed on (a ModelInfer the lane does not serve).
 pub fn collected(bytes: Bytes) -> GrpcBody {
     wire::full(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_client_subject_travels_percent_encoded_and_reads_back_whole() {
+        assert!(subject_header("").is_none());
+        let subject = "CN=scorer é,O=bank 100%";
+        let header = subject_header(subject).map(|v| v.to_str().map(str::to_owned).unwrap_or_default());
+        assert_eq!(header.as_deref(), Some("CN=scorer %C3%A9,O=bank 100%25"));
+        assert_eq!(wire::percent_decode(header.as_deref().unwrap_or_default()), subject);
+    }
 }
