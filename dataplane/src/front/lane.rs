@@ -87,15 +87,18 @@ pub(super) fn count_answered(
 ) {
     shared.metrics.finish("http", model, &status.to_string(), seconds);
     shared.fast_requests.fetch_add(1, Ordering::Relaxed);
-    let failed = status >= 400 || !reason.is_empty();
-    let rate = shared.settings.access_log_sample_rate;
-    if failed || rate >= 1.0 || (rate > 0.0 && sample(rate)) {
+    if logged(shared, status >= 400 || !reason.is_empty()) {
         shared.events.push(Event::Log(record((seconds * 100_000.0).round() / 100.0)));
     }
 }
 
-fn sample(rate: f64) -> bool {
-    ((super::connection::random_u64() >> 11) as f64 / (1u64 << 53) as f64) < rate
+/// Is a request's access-log line written: every failed one, a sample of the rest at
+/// proxy.access_log_sample_rate (both ports' lanes ask here).
+pub(super) fn logged(shared: &Shared, failed: bool) -> bool {
+    let rate = shared.settings.access_log_sample_rate;
+    failed
+        || rate >= 1.0
+        || (rate > 0.0 && ((super::connection::random_u64() >> 11) as f64 / (1u64 << 53) as f64) < rate)
 }
 
 async fn answer(shared: &Shared, request: &Infer) -> Reply {

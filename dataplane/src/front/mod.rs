@@ -150,6 +150,24 @@ impl Shared {
     }
 }
 
+/// The next connection `listener` accepts; None once `stop` turns true. Both ports' accept loops
+/// (HTTP here, gRPC in grpc/mod.rs) take their connections from it; each keeps its own handling of
+/// a connection over listen.max_connections.
+pub(crate) async fn accept_next(listener: &TcpListener, stop: &mut watch::Receiver<bool>) -> Option<TcpStream> {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|stopped| *stopped) => return None,
+        };
+        match accepted {
+            Ok((stream, _)) => return Some(stream),
+            // Out of descriptors (EMFILE) or a connection reset before accept: wait a moment rather
+            // than spin; the backlog keeps the others.
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+        }
+    }
+}
+
 /// Accept connections until `stop` turns true; each connection is its own task.
 pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let beating = shared.clone();
@@ -167,20 +185,7 @@ pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: w
         };
         beating.watchdog.beat(beat_stop, chores).await
     });
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = stop.wait_for(|stopped| *stopped) => break,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(_) => {
-                // Out of descriptors (EMFILE) or a connection reset before accept: wait a moment
-                // rather than spin; the backlog keeps the others.
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                continue;
-            }
-        };
+    while let Some(stream) = accept_next(&listener, &mut stop).await {
         if shared.open_connections.load(Ordering::Relaxed) >= shared.settings.max_connections {
             shared.metrics.connections_refused.inc(&[]);
             // Accepted and closed at once: listen.max_connections are open. A FIN first, and what

@@ -18,7 +18,7 @@ use hyper::HeaderMap;
 use hyper_util::rt::TokioIo;
 use std::sync::Mutex;
 use tokio::net::TcpStream;
-use tokio::task::AbortHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 use tokio_rustls::TlsConnector;
 
 /// A TLS client's side of a pool: the verifier's roots and the name the certificate must carry.
@@ -159,22 +159,15 @@ impl Upstream {
         // Counted open from here (a handshake that fails drops it, and the count with it).
         self.open.fetch_add(1, Ordering::Relaxed);
         let counted = OpenConnection(self.open.clone());
-        // The connection's own task: it ends when the connection closes or its sender is dropped.
         let (sender, task) = match &self.tls {
-            None => {
-                let (sender, connection) =
-                    http1::handshake(TokioIo::new(stream)).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
-                (sender, tokio::spawn(async move { drive(connection, counted).await }))
-            }
+            None => handshake(stream, counted).await?,
             Some(tls) => {
                 let stream = tls
                     .connector
                     .connect(tls.server_name.clone(), stream)
                     .await
                     .map_err(|e| Failure::Unreachable(format!("TLS handshake: {e}")))?;
-                let (sender, connection) =
-                    http1::handshake(TokioIo::new(stream)).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
-                (sender, tokio::spawn(async move { drive(connection, counted).await }))
+                handshake(stream, counted).await?
             }
         };
         self.opened.fetch_add(1, Ordering::Relaxed);
@@ -273,10 +266,19 @@ impl Upstream {
     }
 }
 
-/// Run one client connection until it closes, counted open meanwhile.
-async fn drive<F: std::future::Future>(connection: F, counted: OpenConnection) {
-    let _counted = counted;
-    let _ = connection.await;
+/// HTTP/1.1 over `stream` (plain TCP or TLS): the request sender, and the connection's own task,
+/// which runs it until it closes or its sender is dropped, counted open meanwhile.
+async fn handshake<S>(stream: S, counted: OpenConnection) -> Result<(SendRequest<Full<Bytes>>, JoinHandle<()>), Failure>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) =
+        http1::handshake(TokioIo::new(stream)).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
+    let task = tokio::spawn(async move {
+        let _counted = counted;
+        let _ = connection.await;
+    });
+    Ok((sender, task))
 }
 
 /// An answer being read as it arrives (`Upstream::stream`).

@@ -277,11 +277,7 @@ fn finish(front: &GrpcFront, call: &Call, outcome: &Outcome) {
     call.span.end_grpc((outcome.code.0, outcome.code.1), outcome.reason, message, bytes_out);
     shared.metrics.finish("grpc", &call.model, outcome.code.1, seconds);
     shared.fast_requests.fetch_add(1, Ordering::Relaxed);
-    let failed = outcome.code != wire::OK || !outcome.reason.is_empty();
-    let rate = shared.settings.access_log_sample_rate;
-    let sampled = rate >= 1.0
-        || (rate > 0.0 && ((crate::front::connection::random_u64() >> 11) as f64 / (1u64 << 53) as f64) < rate);
-    if failed || sampled {
+    if lane::logged(shared, outcome.code != wire::OK || !outcome.reason.is_empty()) {
         let record = AccessRecord {
             request_id: call.request_id.clone(),
             trace_id: call.trace_id.clone(),

@@ -143,18 +143,7 @@ pub const CLIENT_SUBJECT: &str = "x-sidecar-client-subject";
 
 /// Accept connections until `stop` turns true; each connection is its own task.
 pub async fn accept_loop(listener: TcpListener, front: Arc<GrpcFront>, mut stop: watch::Receiver<bool>) {
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = stop.wait_for(|stopped| *stopped) => break,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(_) => {
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                continue;
-            }
-        };
+    while let Some(stream) = super::accept_next(&listener, &mut stop).await {
         if front.open_connections.load(Ordering::Relaxed) >= front.settings.max_connections {
             drop(stream); // closed at once, as gRPC core closes one past its bound
             continue;
