@@ -196,4 +196,20 @@ class HttpFront:
         duration_ms, reason, client_subject), ("grpc_panic", model, request_id, message)."""
     def wake_fd(self) -> int: ...
     def reload_tls(self, tls: tuple[bytes, bytes, bytes | None, list[str], str]) -> None: ...
+    def open_span(self, name: str, traceparent: str | None = None, tracestate: str | None = None
+                  ) -> RequestSpan | None:
+        """The span of a request Python answers, on the front's sampler and exporter; None when
+        tracing is off or it is not sampled."""
     def close(self) -> None: ...
+
+AttributeValue = str | bool | int | float
+
+class RequestSpan:
+    """A sampled request span made by the front's tracer (sidecar.tracing.front_spans)."""
+
+    traceparent: str
+    tracestate: str | None
+    trace_id: str
+    span_id: str
+    def set(self, attributes: list[tuple[str, AttributeValue]]) -> None: ...
+    def end(self, attributes: list[tuple[str, AttributeValue]], error: str | None = None) -> None: ...

@@ -60,6 +60,8 @@ class ReceivedSpan:
     status_code: int
     status_message: str
     events: tuple[str, ...]
+    #: The resource's telemetry.sdk.language: which side's SDK exported it ("rust": the front's).
+    language: str = ""
 
     @property
     def failed(self) -> bool:
@@ -150,7 +152,8 @@ class OtlpReceiver:
                         span_id=span.span_id.hex(), parent_span_id=span.parent_span_id.hex(), name=span.name,
                         attributes={a.key: _value(a.value) for a in span.attributes},
                         status_code=span.status.code, status_message=span.status.message,
-                        events=tuple(e.name for e in span.events)))
+                        events=tuple(e.name for e in span.events),
+                        language=str(resource.get("telemetry.sdk.language", ""))))
         with self._lock:
             self.posts[kind] += 1
             self.spans.extend(received)
@@ -325,6 +328,8 @@ async def test_a_grpc_request_continues_the_client_s_trace_and_triton_s_spans_ne
     assert span.attributes["sidecar.model"] == "credit_risk", span
     assert span.attributes["rpc.grpc.status_code"] == 0 and span.attributes["sidecar.status"] == "OK", span
     assert not span.failed, span
+    # grpcio's calls too: the Rust front's tracer makes and exports every request span.
+    assert span.language == "rust", span
     if sidecar.app[CONFIG].listen.grpc_front == "rust":  # the data plane's span, with its phases as events
         assert span.events == ("validation", "breaker wait", "upstream call", "screening"), span
         assert sidecar.server.grpc_served > 0, "the Rust gRPC front handed every call to grpcio"
@@ -362,6 +367,7 @@ async def test_a_request_without_a_traceparent_starts_a_trace_that_triton_joins(
                             10, what="a probe round's span")
     passed = [r for r in rounds if r.attributes["sidecar.probe.ok"] is True and not r.failed]
     assert passed and all(r.parent_span_id == "" for r in rounds), rounds
+    assert {r.language for r in rounds} == {"python"}, rounds  # the health loop's spans: the Python SDK's
     assert {"server_ready", "model_ready", "metadata", "golden"} <= set(passed[0].events), passed[0]
 
 
@@ -578,11 +584,34 @@ async def test_a_refused_http_request_leaves_an_error_span_with_its_reason_and_n
     await _triton_joins(receiver, send)
     assert [s.service for s in receiver.find(trace_id=refused_trace)] == [SIDECAR_SERVICE]
 
+    # Refused before its body is read (declared too large): a span too, its reason and message the
+    # client's, and no phase (nothing of the chain ran).
+    early_trace = "7af92f3577b34da6a3ce929d0e0e4740"
+    host, port = sidecar.url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(f"POST /v2/models/credit_risk/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {10**12}\r\ntraceparent: 00-{early_trace}-{parent}-01\r\n\r\n".encode())
+    await writer.drain()
+    head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).decode()
+    length = next(int(line.split(":", 1)[1]) for line in head.split("\r\n")
+                  if line.lower().startswith("content-length"))
+    early = json.loads(await asyncio.wait_for(reader.readexactly(length), 10))
+    writer.close()
+    assert head.startswith("HTTP/1.1 413") and early["reason"] == "body_too_large", (head, early)
+    span = (await wait_for(lambda: receiver.find(trace_id=early_trace), 10, what="the early refusal's span"))[0]
+    assert (span.name, span.parent_span_id, span.language) == (HTTP_INFER_SPAN, parent, "rust"), span
+    assert span.failed and span.status_message == f"[body_too_large] {early['error']}", span
+    assert span.attributes["sidecar.refusal.reason"] == "body_too_large", span
+    assert span.attributes["http.response.status_code"] == 413, span
+    assert span.attributes["http.route"] == "/v2/models/{model}/infer", span
+    assert span.attributes["sidecar.model"] == "credit_risk" and span.events == (), span
+
 
 async def test_http_requests_the_python_side_answers_have_spans_too_and_triton_s_nest_under_them(
         receiver, traced_triton, start, sidecars):
     """What the Rust front hands over (metadata, an unknown model's refusal) and every request on the
-    Python listener (listen.front: python) get the Python SDK's span, named as the front names its own."""
+    Python listener (listen.front: python) get a span named as the front names its own: the front's
+    tracer makes it at Python's call, or the Python SDK without the Rust front."""
     sidecar = await started_and_healthy(start, _rust(tracing_config(traced_triton, receiver.url, sample_rate=0.0)))
     front = await _lane(sidecar, "credit_risk")
     handed_before = front.handovers
@@ -602,6 +631,8 @@ async def test_http_requests_the_python_side_answers_have_spans_too_and_triton_s
     assert metadata.attributes["http.route"] == "/v2/models/{model}", metadata
     assert metadata.attributes["http.response.status_code"] == 200 and not metadata.failed, metadata
     assert metadata.attributes["sidecar.model"] == "credit_risk", metadata
+    # Made by the front's tracer at Python's call (sidecar.tracing.front_spans), not the Python SDK.
+    assert metadata.language == "rust", metadata
     unknown = (await wait_for(lambda: receiver.find(trace_id=unknown_trace), 10, what="the refusal's span"))[0]
     assert unknown.name == HTTP_INFER_SPAN and unknown.failed, unknown
     assert unknown.attributes["sidecar.refusal.reason"] == "unknown_model", unknown
@@ -629,6 +660,7 @@ async def test_http_requests_the_python_side_answers_have_spans_too_and_triton_s
     assert span.attributes["http.request.method"] == "POST" and span.attributes["sidecar.protocol"] == "http", span
     assert span.attributes["http.route"] == "/v2/models/{model}/infer", span
     assert span.attributes["http.response.status_code"] == 200 and not span.failed, span
+    assert span.language == "python", span
     assert all(s.trace_id == span.trace_id for s in theirs), theirs
 
 

@@ -57,6 +57,7 @@ from sidecar.serving.core import ServingCore
 from sidecar.serving.generation import error_event
 from sidecar.serving.refusals import Refusal
 from sidecar.states import ModelStates, Transition
+from sidecar.tracing.front_spans import FrontSpans
 
 log = structlog.get_logger("sidecar.proxy")
 tls_log = structlog.get_logger("sidecar.tls")
@@ -152,6 +153,11 @@ class HttpFront:
         if tls is not None:
             tls.add_reload_listener(self._reload_tls)
         native = self._native
+        requests = self.core.requests
+        if requests.spans is not None:
+            # The spans of what Python answers (grpcio's calls, handed-over requests) are the front's
+            # from now on: a call into it at each end instead of a Python SDK span (front_spans.py).
+            requests.spans = FrontSpans(native, before=requests.spans)
         if listen.grpc_port and listen.grpc_front == "rust":
             self._serve_grpc(host)
         self.app[HEARTBEATS].watch(FRONT_RUNTIME, lambda: native.runtime_silent_for)
@@ -264,6 +270,9 @@ class HttpFront:
             self._wake = None
         if self._native is not None:
             self.app[HEARTBEATS].forget(FRONT_RUNTIME)
+            requests = self.core.requests
+            if isinstance(requests.spans, FrontSpans):  # what is answered after the front stops: the SDK's
+                requests.spans = requests.spans.before
             await asyncio.to_thread(self._native.close)
             self._drain_events()
         await self.back.close()

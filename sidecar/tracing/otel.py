@@ -36,20 +36,20 @@ from sidecar import __version__
 from sidecar.config import TracingSection
 from sidecar.messages import cut
 from sidecar.metrics import SidecarMetrics
-from sidecar.tracing.spans import Attributes, Span, TracedRequest
+from sidecar.tracing.spans import (
+    Attributes,
+    Span,
+    TracedRequest,
+    outcome_attributes,
+    request_attributes,
+    request_span_name,
+)
 
 log = structlog.get_logger("sidecar.tracing")
 
 
 #: The instrumentation scope every span is made under.
 SCOPE = "triton-sidecar"
-
-
-#: gRPC status codes by name: rpc.grpc.status_code is the number (the serving core knows the names).
-GRPC_STATUS_CODES = {name: number for number, name in enumerate((
-    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
-    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-    "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"))}
 
 
 class CountedExporter(SpanExporter):
@@ -230,11 +230,9 @@ class OtelTracing:
             carrier["tracestate"] = tracestate
         # No traceparent: a new trace, from an empty context (never an ambient one).
         parent = self._propagator.extract(carrier) if carrier else otel_context.Context()
-        if scope.protocol == "grpc":  # sidecar.serving.telemetry.GRPC (the serving core sits above)
-            name, attributes = path.lstrip("/"), _rpc_attributes(scope, path)
-        else:
-            name, attributes = _http_name_and_attributes(scope, method, route)
-        span = self._tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
+        span = self._tracer.start_span(request_span_name(scope, method=method, path=path, route=route),
+                                       context=parent, kind=SpanKind.SERVER,
+                                       attributes=request_attributes(scope, method=method, path=path, route=route))
         ids = _hex_ids(span)
         if ids is None:
             return  # not sampled: the client's own traceparent goes on to Triton, as without tracing
@@ -248,16 +246,7 @@ class OtelTracing:
 
     def end(self, scope: TracedRequest, *, code: str, reason: str, failed: bool, description: str) -> None:
         span = scope.span
-        attributes: dict[str, Any] = {"sidecar.status": code}
-        if scope.label[:1] != "_":  # a guarded model's name, not _server_ or _unknown_
-            attributes["sidecar.model"] = scope.label
-        if scope.protocol == "grpc":
-            attributes["rpc.grpc.status_code"] = GRPC_STATUS_CODES.get(code, GRPC_STATUS_CODES["UNKNOWN"])
-        elif code.isdigit():
-            attributes["http.response.status_code"] = int(code)
-        if reason:
-            attributes["sidecar.refusal.reason"] = reason
-        span.set_attributes(attributes)
+        span.set_attributes(outcome_attributes(scope, code=code, reason=reason))
         if failed:
             span.set_status(Status(StatusCode.ERROR, cut(description, 500)))
         span.end()
@@ -270,20 +259,3 @@ class OtelTracing:
         for provider in (self._always, self._sampled):
             provider.shutdown()
 
-
-def _rpc_attributes(scope: TracedRequest, path: str) -> dict[str, Any]:
-    service, _, method = path.lstrip("/").rpartition("/")
-    return {"sidecar.request_id": scope.request_id, "sidecar.protocol": scope.protocol, "rpc.system": "grpc",
-            "rpc.service": service, "rpc.method": method}
-
-
-def _http_name_and_attributes(scope: TracedRequest, method: str, route: str) -> tuple[str, dict[str, Any]]:
-    """An HTTP request's span name and first attributes, as the Rust front writes its own: the method
-    and the route template (never the path: a model's name would make every span name its own); a
-    request whose method was never read (a head that timed out) is `HTTP`, as the conventions say."""
-    method = method or "HTTP"
-    attributes: dict[str, Any] = {"sidecar.request_id": scope.request_id, "sidecar.protocol": scope.protocol,
-                                  "http.request.method": method}
-    if route:
-        attributes["http.route"] = route
-    return (f"{method} {route}" if route else method), attributes

@@ -77,6 +77,51 @@ class RequestSpans(Protocol):
         """End `scope.span` with the request's outcome (model, status, refusal reason)."""
 
 
+#: gRPC status codes by name: rpc.grpc.status_code is the number (the serving core knows the names).
+GRPC_STATUS_CODES = {name: number for number, name in enumerate((
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+    "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"))}
+
+
+def request_span_name(scope: TracedRequest, *, method: str, path: str, route: str) -> str:
+    """A request span's name, as the Rust front names its own: the RPC over gRPC; over HTTP the method
+    and the route template (never the path: a model's name would make every span name its own), the
+    method alone when no route matched, `HTTP` for a request whose method was never read (a head that
+    timed out), as OpenTelemetry's conventions say."""
+    if scope.protocol == "grpc":  # sidecar.serving.telemetry.GRPC (the serving core sits above)
+        return path.lstrip("/")
+    method = method or "HTTP"
+    return f"{method} {route}" if route else method
+
+
+def request_attributes(scope: TracedRequest, *, method: str, path: str, route: str) -> dict[str, AttributeValue]:
+    """A request span's first attributes (what the request is), as the Rust front sets its own."""
+    attributes: dict[str, AttributeValue] = {"sidecar.request_id": scope.request_id, "sidecar.protocol": scope.protocol}
+    if scope.protocol == "grpc":
+        service, _, rpc = path.lstrip("/").rpartition("/")
+        attributes.update({"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc})
+        return attributes
+    attributes["http.request.method"] = method or "HTTP"
+    if route:
+        attributes["http.route"] = route
+    return attributes
+
+
+def outcome_attributes(scope: TracedRequest, *, code: str, reason: str) -> dict[str, AttributeValue]:
+    """A request span's last attributes: the model, the status (number and text), the refusal reason."""
+    attributes: dict[str, AttributeValue] = {"sidecar.status": code}
+    if scope.label[:1] != "_":  # a guarded model's name, not _server_ or _unknown_
+        attributes["sidecar.model"] = scope.label
+    if scope.protocol == "grpc":
+        attributes["rpc.grpc.status_code"] = GRPC_STATUS_CODES.get(code, GRPC_STATUS_CODES["UNKNOWN"])
+    elif code.isdigit():
+        attributes["http.response.status_code"] = int(code)
+    if reason:
+        attributes["sidecar.refusal.reason"] = reason
+    return attributes
+
+
 class _NoSpan:
     def set(self, attributes: Attributes) -> None:
         pass

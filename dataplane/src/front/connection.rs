@@ -23,7 +23,7 @@ use super::generate_stream::{self, Relayed};
 use super::lane::{self, Infer};
 use super::reply::{encode, refusal, Reply, JSON_REFUSAL};
 use super::state::Canned;
-use super::tracing::{Opened, RequestSpan, Route};
+use super::tracing::{Opened, Refused, RequestSpan, Route};
 use super::Shared;
 
 /// The metrics label of a request to the pod rather than a model (sidecar.serving.admission).
@@ -132,7 +132,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                     Ok(Some(head)) => return Some(head),
                     Ok(None) => {}
                     Err(reply) => {
-                        self.refuse(reply, "", "", Drain::Count).await;
+                        self.refuse(reply, None, "", Drain::Count).await;
                         return None;
                     }
                 }
@@ -162,7 +162,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 let reply = refusal("header_timeout", 408, &message, "", &[]);
                 // 408 and close at once: a client that trickles its headers is not one that reads
                 // answers (lingering would hold its descriptor longer still).
-                let request_id = self.count_refusal(&reply, "", "");
+                let request_id = self.count_refusal(&reply, None, "");
                 let _ = send(&mut self.stream, &encode(&reply, &request_id, false)).await;
             } else {
                 let phase = if self.answered_any { "keepalive" } else { "header" };
@@ -178,7 +178,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         self.method.clone_from(&head.method);
         if let Some(why) = smuggling(&head) {
             let reply = refusal("malformed", 400, &why, "", &[]);
-            self.refuse(reply, &head.path, "", Drain::Count).await;
+            self.refuse(reply, Some(&head), "", Drain::Count).await;
             return false;
         }
         if let Some(reply) =
@@ -210,7 +210,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 Ok(n) => n,
                 Err(_) => {
                     let reply = refusal("malformed", 400, "not valid HTTP: invalid Content-Length", "", &[]);
-                    self.refuse(reply, &head.path, &model, Drain::Count).await;
+                    self.refuse(reply, Some(&head), &model, Drain::Count).await;
                     return false;
                 }
             },
@@ -220,7 +220,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             let reply = body_too_large(limit, &model);
             let buffered = (self.buf.len() - head.length) as u64;
             self.buf.clear();
-            self.refuse(reply, &head.path, &model, Drain::Length(declared.saturating_sub(buffered))).await;
+            self.refuse(reply, Some(&head), &model, Drain::Length(declared.saturating_sub(buffered))).await;
             return false;
         }
         let expects = head.get("expect").is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"));
@@ -246,12 +246,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                         decoder.pending = input[decoder.consumed..].to_vec();
                         decoder.consumed = 0;
                         let drain = if done { Drain::Length(0) } else { Drain::Chunked(decoder) };
-                        self.refuse(body_too_large(limit, &model), &head.path, &model, drain).await;
+                        self.refuse(body_too_large(limit, &model), Some(&head), &model, drain).await;
                         return false;
                     }
                     Err(ChunkError::Malformed(why)) => {
                         let reply = refusal("malformed", 400, &format!("not valid HTTP: {why}"), "", &[]);
-                        self.refuse(reply, &head.path, &model, Drain::Count).await;
+                        self.refuse(reply, Some(&head), &model, Drain::Count).await;
                         return false;
                     }
                 }
@@ -401,7 +401,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             Some(n) => Drain::Length(n),
             None => Drain::Count,
         };
-        self.refuse(reply, &head.path, model, drain).await;
+        self.refuse(reply, Some(head), model, drain).await;
         false
     }
 
@@ -570,17 +570,37 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         let _ = tokio::io::copy_bidirectional(&mut self.stream, &mut back).await;
     }
 
-    /// Count an early refusal as a request and a rejection, log it; its request id.
+    /// Count an early refusal as a request and a rejection, log it, and trace it (a span with its
+    /// reason, sampled as any request's); its request id. `head`: the request's, when it was read;
     /// `model`: a model of a lane (tracked), "" when the refusal came before one was known.
-    fn count_refusal(&self, reply: &Reply, path: &str, model: &str) -> String {
+    fn count_refusal(&self, reply: &Reply, head: Option<&Head>, model: &str) -> String {
         let label = if model.is_empty() { "_unknown_" } else { model };
         let id = request_id(None);
+        let path = head.map_or("", |head| head.path.as_str());
         self.shared.metrics.rejections.inc(&["http", label, reply.reason]);
         self.shared.metrics.finish("http", label, &reply.status.to_string(), 0.0);
+        let (trace_id, span_id) = match &self.shared.tracing {
+            None => (String::new(), String::new()),
+            Some(tracing) => {
+                let header = |name: &str| head.and_then(|head| head.get(name));
+                let refused = Refused {
+                    traceparent: header("traceparent"),
+                    tracestate: header("tracestate"),
+                    method: &self.method,
+                    path,
+                    model,
+                    request_id: &id,
+                    status: reply.status,
+                    reason: reply.reason,
+                    body: &reply.body,
+                };
+                tracing.refused(refused).unwrap_or_default()
+            }
+        };
         self.shared.events.push(Event::Log(AccessRecord {
             request_id: id.clone(),
-            trace_id: String::new(),
-            span_id: String::new(),
+            trace_id,
+            span_id,
             model: label.to_owned(),
             method: self.method.clone(),
             path: cut(path, 200),
@@ -594,8 +614,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
 
     /// Answer before the request is read, half-close, and linger until the client is done (bounded):
     /// a client that writes its whole body before reading still reads the answer.
-    async fn refuse(&mut self, reply: Reply, path: &str, model: &str, drain: Drain) {
-        let request_id = self.count_refusal(&reply, path, model);
+    async fn refuse(&mut self, reply: Reply, head: Option<&Head>, model: &str, drain: Drain) {
+        let request_id = self.count_refusal(&reply, head, model);
         let settings = self.shared.settings.clone();
         let metrics = self.shared.metrics.clone();
         let ends = |how: &str| metrics.lingering_ends.inc(&[how]);

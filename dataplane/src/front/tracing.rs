@@ -165,10 +165,7 @@ impl Tracing {
 
     /// The span of one request read in full: sampled, or `RequestSpan::OFF`.
     pub fn request(&self, opened: Opened<'_>) -> RequestSpan {
-        let parent = match opened.traceparent.and_then(remote_context(opened.tracestate)) {
-            Some(remote) => Context::new().with_remote_span_context(remote),
-            None => Context::new(), // a new trace, never an ambient one
-        };
+        let parent = parent_context(opened.traceparent, opened.tracestate);
         // The samplers read only the trace id and the parent: the attributes are built for a sampled
         // span alone, so the 99 % an unsampled rate leaves out cost no allocation for them.
         let mut span = self
@@ -204,10 +201,68 @@ impl Tracing {
         let state = context.trace_state().header();
         RequestSpan(Some(Box::new(Traced {
             open: Mutex::new(Open { span, mark: Instant::now(), events: 0, ended: false }),
-            traceparent: traceparent(&context),
+            traceparent: traceparent_of(&context),
             tracestate: (!state.is_empty()).then_some(state),
             grpc: matches!(opened.route, Route::Grpc { .. }),
         })))
+    }
+
+    /// The span of a request the Python side answers (gRPC calls on grpcio, HTTP requests the front
+    /// hands over), named by Python as its front names it; None when it is not sampled. It is made
+    /// here, on the front's sampler and exporter, so that Python pays a call at its start and one at
+    /// its end rather than the Python SDK's span and export (issue 32's cost per sampled span).
+    pub fn python_span(&self, name: String, traceparent: Option<&str>, tracestate: Option<&str>) -> Option<PythonSpan> {
+        let parent = parent_context(traceparent, tracestate);
+        let span = self.tracer.span_builder(name).with_kind(SpanKind::Server).start_with_context(&self.tracer, &parent);
+        let context = span.span_context().clone();
+        if !context.is_sampled() {
+            return None;
+        }
+        let state = context.trace_state().header();
+        Some(PythonSpan {
+            span,
+            traceparent: traceparent_of(&context),
+            tracestate: (!state.is_empty()).then_some(state),
+        })
+    }
+
+    /// Trace a request the front refused before reading it in full (a head it could not parse or
+    /// that timed out, a smuggling attempt, a body too large, malformed or too slow): a span that
+    /// starts and ends at once, an error with the refusal's reason and message, named for the route
+    /// when the path names one, else for the method alone. (trace id, span id) for the access log
+    /// when it is sampled.
+    pub fn refused(&self, refused: Refused<'_>) -> Option<(String, String)> {
+        let endpoint = refused.path.strip_prefix("/v2/models/").and_then(Endpoint::split).map(|(_, e)| e);
+        let method = if refused.method.is_empty() { "HTTP" } else { refused.method };
+        let (name, route) = match endpoint {
+            Some(endpoint) if method == "POST" => (endpoint.span_name().to_owned(), Some(endpoint.route())),
+            _ => (method.to_owned(), None),
+        };
+        let mut span = self.python_span(name, refused.traceparent, refused.tracestate)?;
+        let mut attributes = vec![
+            KeyValue::new("sidecar.request_id", refused.request_id.to_owned()),
+            KeyValue::new("sidecar.protocol", "http"),
+            KeyValue::new("http.request.method", method.to_owned()),
+            KeyValue::new("http.response.status_code", i64::from(refused.status)),
+            KeyValue::new("sidecar.status", status_text(refused.status)),
+            KeyValue::new("sidecar.refusal.reason", refused.reason),
+        ];
+        if let Some(route) = route {
+            attributes.push(KeyValue::new("http.route", route));
+        }
+        if !refused.model.is_empty() {
+            attributes.push(KeyValue::new("sidecar.model", refused.model.to_owned()));
+        }
+        span.set(attributes);
+        // The message the client read: the refusal body's "error" (the front wrote it; only a
+        // sampled refusal reads it back).
+        let message = crate::protocol::json::parse(refused.body)
+            .ok()
+            .and_then(|doc| doc.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+            .unwrap_or_default();
+        let ids = (span.trace_id().to_owned(), span.span_id().to_owned());
+        span.end(Some(&format!("[{}] {message}", refused.reason)));
+        Some(ids)
     }
 
     /// Export what is queued (bounded by tracing.export_timeout_s) and stop the worker thread. The
@@ -265,6 +320,22 @@ pub struct Opened<'a> {
     pub started: Instant,
 }
 
+/// A request the front refused before it was read in full (`Tracing::refused`).
+pub struct Refused<'a> {
+    pub traceparent: Option<&'a str>,
+    pub tracestate: Option<&'a str>,
+    /// "" when the head was never read.
+    pub method: &'a str,
+    pub path: &'a str,
+    /// A lane's model, "" when none was known yet.
+    pub model: &'a str,
+    pub request_id: &'a str,
+    pub status: u16,
+    pub reason: &'static str,
+    /// The refusal's JSON body, as the client got it.
+    pub body: &'a [u8],
+}
+
 /// What a request is, for its span's name and attributes.
 #[derive(Debug, Clone, Copy)]
 pub enum Route {
@@ -298,6 +369,46 @@ impl Endpoint {
             Endpoint::Generate => "POST /v2/models/{model}/generate",
             Endpoint::GenerateStream => "POST /v2/models/{model}/generate_stream",
         }
+    }
+}
+
+/// The context a request's span starts in: the client's, when its traceparent is valid; else an
+/// empty one (a new trace, never an ambient one).
+fn parent_context(traceparent: Option<&str>, tracestate: Option<&str>) -> Context {
+    match traceparent.and_then(remote_context(tracestate)) {
+        Some(remote) => Context::new().with_remote_span_context(remote),
+        None => Context::new(),
+    }
+}
+
+/// A sampled span the Python side writes (`Tracing::python_span`): attributes as the request goes
+/// on, then its end. Dropped unended (Python's request object was collected first), the SDK ends it.
+pub struct PythonSpan {
+    span: Span,
+    /// What Triton gets, this span as the parent; the log's trace and span ids are its slices.
+    pub traceparent: String,
+    pub tracestate: Option<String>,
+}
+
+impl PythonSpan {
+    pub fn trace_id(&self) -> &str {
+        &self.traceparent[TRACE_ID]
+    }
+
+    pub fn span_id(&self) -> &str {
+        &self.traceparent[SPAN_ID]
+    }
+
+    pub fn set(&mut self, attributes: Vec<KeyValue>) {
+        self.span.set_attributes(attributes);
+    }
+
+    /// End it now; `error`: the description of a failed request (its status is then an error).
+    pub fn end(mut self, error: Option<&str>) {
+        if let Some(description) = error {
+            self.span.set_status(Status::error(cut(description, 500)));
+        }
+        self.span.end();
     }
 }
 
@@ -344,7 +455,7 @@ const SPAN_ID: std::ops::Range<usize> = 36..52;
 
 /// The W3C traceparent naming `context` as the parent, written in one pass (no formatter: every
 /// sampled request makes one).
-fn traceparent(context: &SpanContext) -> String {
+fn traceparent_of(context: &SpanContext) -> String {
     fn hex(out: &mut String, bytes: &[u8]) {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
         for b in bytes {
@@ -686,12 +797,12 @@ mod tests {
     #[test]
     fn the_traceparent_sent_on_names_the_span_and_holds_the_ids_the_log_keeps() {
         let context = remote_context(None)("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").expect("valid");
-        let written = traceparent(&context);
+        let written = traceparent_of(&context);
         assert_eq!(written, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
         assert_eq!(&written[TRACE_ID], "0af7651916cd43dd8448eb211c80319c");
         assert_eq!(&written[SPAN_ID], "b7ad6b7169203331");
         let unsampled = remote_context(None)("00-00f7651916cd43dd8448eb211c80319c-00ad6b7169203331-00").expect("valid");
-        assert_eq!(traceparent(&unsampled), "00-00f7651916cd43dd8448eb211c80319c-00ad6b7169203331-00");
+        assert_eq!(traceparent_of(&unsampled), "00-00f7651916cd43dd8448eb211c80319c-00ad6b7169203331-00");
     }
 
     #[test]

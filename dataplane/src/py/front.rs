@@ -29,6 +29,7 @@ use crate::front::{accept_loop, Shared};
 
 use super::generation::GenerateLimits;
 use super::metrics::RequestMetrics;
+use super::spans::RequestSpan;
 use super::validation::RequestSpec;
 
 /// (model, its spec, hidden outputs or None, look for NaN/Inf, its generate limits,
@@ -521,6 +522,15 @@ impl HttpFront {
             out.append(item)?;
         }
         Ok(out)
+    }
+
+    /// The span of a request the Python side answers, named `name`, continuing the client's
+    /// `traceparent`/`tracestate`, on this front's sampler and exporter; None when tracing is off or
+    /// the span is not sampled (then the client's context goes on to Triton as without tracing).
+    #[pyo3(signature = (name, traceparent = None, tracestate = None))]
+    fn open_span(&self, name: String, traceparent: Option<&str>, tracestate: Option<&str>) -> Option<RequestSpan> {
+        let tracing = self.shared.tracing.as_ref()?;
+        tracing.python_span(name, traceparent, tracestate).map(RequestSpan::new)
     }
 
     /// Stop accepting, end idle connections, let in-flight requests finish (bounded by

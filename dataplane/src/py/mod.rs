@@ -7,6 +7,7 @@ mod filtering;
 mod front;
 mod generation;
 mod metrics;
+mod spans;
 mod validation;
 
 use pyo3::prelude::*;
@@ -19,6 +20,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     filtering::register(m)?;
     metrics::register(m)?;
     front::register(m)?;
+    spans::register(m)?;
     generation::register(m)
 }
 
