@@ -6,8 +6,9 @@ Legs alternate in each round, the order rotating so a shared machine's drifts hi
 rounds of one scenario run together, after a pause in which every exporter's queue empties, so no
 leg pays for another wire's spans.
 Scenarios: the ~2 ms model (`credit_risk_2ms`), c=8 and c=1, over HTTP (wrk, 1x128 FP32 JSON, the
-Rust front's spans) and gRPC (bench/grpc_load.py, 1x128 raw, the Python SDK's spans; the Rust front's
-with `--grpc-front rust`). CPU per request
+Rust front's spans) and gRPC (bench/grpc_load.py, 1x128 raw: grpcio's calls, their spans opened through
+the Rust front's tracer (sidecar/tracing/front_spans.py); the Rust gRPC front's own with
+`--grpc-front rust`). CPU per request
 is the sidecar process's (its exporter threads included) from /proc around each run. Exits 0 when
 issue 32's targets are met: at 0.01 no more than 1.02x the CPU per request of tracing off, at 1.0
 no more than 1.15x (HTTP and gRPC, c=8).

@@ -130,10 +130,12 @@ class HttpFront:
         limits: dict[str, float],
         metrics: RequestMetrics,
         tls: tuple[bytes, bytes, bytes | None, list[str], str] | None = None,
-        tracing: tuple[str, float, bool, str, str, list[tuple[str, str]], int, int, float, float] | None = None,
+        tracing: tuple[str, bytes | None, tuple[bytes, bytes] | None, float, bool, str, str, list[tuple[str, str]],
+                       int, int, float, float] | None = None,
     ) -> None:
-        """tracing: (endpoint, sample_rate, parent_based, service_name, service.version, resource
-        attributes, queue_size, batch_size, export_delay_s, export_timeout_s): one span per lane
+        """tracing: (endpoint, the CA bundle PEM of an https:// endpoint, the client certificate chain
+        and key PEM it is shown or None, sample_rate, parent_based, service_name, service.version,
+        resource attributes, queue_size, batch_size, export_delay_s, export_timeout_s): one span per
         request, exported by the front; None: tracing off (no span, no exporter)."""
     @property
     def port(self) -> int: ...

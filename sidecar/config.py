@@ -448,6 +448,12 @@ class TracingSection:
     #: "" = the bundle Python's exporter trusts by default (certifi's). OTEL_EXPORTER_OTLP_(TRACES_)
     #: CERTIFICATE set it too.
     ca_file: str = ""
+    #: PEM certificate chain both exporters present to an https:// collector that asks for a client
+    #: certificate (mutual TLS), with client_key_file; "" = none. OTEL_EXPORTER_OTLP_(TRACES_)
+    #: CLIENT_CERTIFICATE set it too.
+    client_cert_file: str = ""
+    #: PEM private key of client_cert_file (unencrypted). OTEL_EXPORTER_OTLP_(TRACES_)CLIENT_KEY.
+    client_key_file: str = ""
     #: Share (0..1) of new traces kept: requests without a sampled parent, probe rounds. Every heal is
     #: kept whatever this says (they are rare and what an on-call engineer looks for). 0.01 keeps ten
     #: traces a second at 1,000 requests a second, and a probe round's trace every ~8 minutes per model.
@@ -690,6 +696,8 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "tracing": _section(
             endpoint={"type": "string", "pattern": r"^(https?://[^/\s]+(/\S*)?)?$"},
             ca_file={"type": "string"},
+            client_cert_file={"type": "string"},
+            client_key_file={"type": "string"},
             sample_rate=_SHARE,
             parent_based=_BOOL,
             service_name={"type": "string", "minLength": 1},
@@ -788,10 +796,12 @@ def _apply_otel_environment(raw: dict[str, Any], environ: Mapping[str, str]) -> 
         # OTEL_EXPORTER_OTLP_ENDPOINT is the base URL of every signal: the SDKs append the signal's path.
         found["endpoint"] = url if name == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" else url.rstrip("/") + "/v1/traces"
         break
-    for name in ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"):
-        if environ.get(name, "").strip():
-            found["ca_file"] = environ[name].strip()
-            break
+    for key, suffix in (("ca_file", "CERTIFICATE"), ("client_cert_file", "CLIENT_CERTIFICATE"),
+                        ("client_key_file", "CLIENT_KEY")):
+        for name in (f"OTEL_EXPORTER_OTLP_TRACES_{suffix}", f"OTEL_EXPORTER_OTLP_{suffix}"):
+            if environ.get(name, "").strip():
+                found[key] = environ[name].strip()
+                break
     if environ.get("OTEL_SERVICE_NAME"):
         found["service_name"] = environ["OTEL_SERVICE_NAME"].strip()
     attributes = _otel_resource_attributes(environ.get("OTEL_RESOURCE_ATTRIBUTES", ""))
@@ -903,6 +913,15 @@ def _check_cross_field_rules(raw: dict[str, Any], source: str) -> None:
         raise ConfigError(f"{source}: key 'tracing.ca_file': cannot read {ca_file!r} (a PEM bundle of the CAs that "
                           "sign the collector's certificate)")
     tracing = raw.get("tracing", {})
+    if bool(tracing.get("client_cert_file")) != bool(tracing.get("client_key_file")):
+        given, missing = (("client_cert_file", "client_key_file") if tracing.get("client_cert_file")
+                          else ("client_key_file", "client_cert_file"))
+        raise ConfigError(f"{source}: key 'tracing.{given}' needs tracing.{missing} too (the collector's client "
+                          "certificate and its key; OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE, _CLIENT_KEY)")
+    for key in ("client_cert_file", "client_key_file"):
+        path = tracing.get(key, "")
+        if path and not os.access(path, os.R_OK):
+            raise ConfigError(f"{source}: key 'tracing.{key}': cannot read {path!r}")
     if tracing.get("batch_size", 512) > tracing.get("queue_size", 2048):
         raise ConfigError(f"{source}: key 'tracing.batch_size' must not exceed tracing.queue_size "
                           "(OTEL_BSP_MAX_EXPORT_BATCH_SIZE, OTEL_BSP_MAX_QUEUE_SIZE)")

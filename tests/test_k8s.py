@@ -35,6 +35,7 @@ TARGETS = {
     "cpu": K8S / "overlays" / "cpu",
     "gpu": K8S / "overlays" / "gpu",
     "tls": K8S / "overlays" / "tls",
+    "tracing": K8S / "overlays" / "tracing",
 }
 GOLDEN_DIR = REPO / "golden_requests"
 EXAMPLE_MODELS = REPO / "examples" / "model_repository"
@@ -54,6 +55,8 @@ K8S_VERSIONS = ("1.30.0", "1.37.0")
 #: API groups whose kinds no Kubernetes schema covers; they are checked by hand below.
 CUSTOM_GROUPS = ("monitoring.coreos.com", "cert-manager.io")
 
+#: The Deployment of Triton and the sidecar; an overlay may add others (the tracing overlay's Jaeger).
+INFERENCE = "triton-sidecar"
 SIDECAR = "sidecar"
 TRITON = "triton"
 SIDECAR_PORT = 8080
@@ -116,8 +119,38 @@ def one(objects: tuple[dict[str, Any], ...], kind: str) -> dict[str, Any]:
     return found[0]
 
 
+def named(objects: tuple[dict[str, Any], ...], kind: str, name: str) -> dict[str, Any]:
+    found = [o for o in of_kind(objects, kind) if o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name!r}, found {len(found)}"
+    return found[0]
+
+
+def inference_deployment(objects: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    return named(objects, "Deployment", INFERENCE)
+
+
 def pod_spec(objects: tuple[dict[str, Any], ...]) -> dict[str, Any]:
-    return one(objects, "Deployment")["spec"]["template"]["spec"]
+    return inference_deployment(objects)["spec"]["template"]["spec"]
+
+
+def inference_labels(objects: tuple[dict[str, Any], ...]) -> dict[str, str]:
+    return inference_deployment(objects)["spec"]["template"]["metadata"]["labels"]
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    """Whether a Service selector or a matchLabels selects pods with these labels (empty: all)."""
+    return selector.items() <= labels.items()
+
+
+def inference_services(objects: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
+    labels = inference_labels(objects)
+    return [s for s in of_kind(objects, "Service") if selects(s["spec"].get("selector", {}), labels)]
+
+
+def inference_policies(objects: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
+    labels = inference_labels(objects)
+    return [p for p in of_kind(objects, "NetworkPolicy")
+            if selects(p["spec"]["podSelector"].get("matchLabels", {}), labels)]
 
 
 def container(spec: dict[str, Any], name: str) -> dict[str, Any]:
@@ -222,7 +255,7 @@ def test_custom_resources_have_what_the_prometheus_operator_requires(
 ) -> None:
     custom = [o for o in objects if o["apiVersion"].split("/")[0] == "monitoring.coreos.com"]
     assert {o["kind"] for o in custom} == {"PodMonitor", "PrometheusRule"}
-    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    pod_labels = inference_labels(objects)
     for obj in custom:
         assert obj["apiVersion"] == "monitoring.coreos.com/v1"
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", obj["metadata"]["name"])
@@ -288,6 +321,13 @@ def test_no_service_or_policy_exposes_a_triton_port(objects: tuple[dict[str, Any
         assert not declared & TRITON_PORTS, f"container {c['name']} declares Triton ports {declared & TRITON_PORTS}"
         assert c["name"] == SIDECAR or not declared, f"only the sidecar declares ports, {c['name']} has {declared}"
     for service in of_kind(objects, "Service"):
+        assert not {p["port"] for p in service["spec"]["ports"]} & TRITON_PORTS, (
+            f"Service {service['metadata']['name']} exposes a Triton port"
+        )
+    # The Services and policies of the inference pods: only the sidecar's ports.
+    services = inference_services(objects)
+    assert services, "no Service selects the inference pods"
+    for service in services:
         for port in service["spec"]["ports"]:
             target_port = port.get("targetPort", port["port"])
             resolved = sidecar_named.get(target_port, target_port) if isinstance(target_port, str) else target_port
@@ -295,7 +335,9 @@ def test_no_service_or_policy_exposes_a_triton_port(objects: tuple[dict[str, Any
                 f"Service {service['metadata']['name']} exposes {port}: only the sidecar's {SIDECAR_PORT} and "
                 f"{SIDECAR_GRPC_PORT}"
             )
-    for policy in of_kind(objects, "NetworkPolicy"):
+    policies = inference_policies(objects)
+    assert policies, "no NetworkPolicy selects the inference pods"
+    for policy in policies:
         assert "Ingress" in policy["spec"]["policyTypes"]
         for rule in policy["spec"]["ingress"]:
             ports = {sidecar_named.get(p["port"], p["port"]) for p in rule["ports"]}
@@ -319,7 +361,7 @@ def test_triton_listens_on_loopback_and_guards_its_repository_api(objects: tuple
     sidecar_named = {p["name"]: p["containerPort"] for p in container(spec, SIDECAR)["ports"]}
     assert (settings["listen"]["port"], settings["listen"]["grpc_port"]) == (sidecar_named["http"],
                                                                            sidecar_named["grpc"])
-    service_ports = {p["name"]: p["targetPort"] for s in of_kind(objects, "Service") for p in s["spec"]["ports"]}
+    service_ports = {p["name"]: p["targetPort"] for s in inference_services(objects) for p in s["spec"]["ports"]}
     names = {"https": "http", "grpcs": "grpc"} if serves_tls(objects) else {"http": "http", "grpc": "grpc"}
     assert service_ports == names
 
@@ -349,13 +391,20 @@ def test_triton_loads_exactly_the_models_that_have_golden_requests(objects: tupl
 
 
 def test_every_container_runs_locked_down(objects: tuple[dict[str, Any], ...]) -> None:
-    spec = pod_spec(objects)
-    assert spec["automountServiceAccountToken"] is False
+    """Every container of every Deployment: the inference pod's, and any an overlay adds (Jaeger)."""
+    for deployment in of_kind(objects, "Deployment"):
+        assert_pod_locked_down(deployment["metadata"]["name"], deployment["spec"]["template"]["spec"])
+    sidecar = container(pod_spec(objects), SIDECAR)["resources"]
+    assert sidecar == {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}}
+
+
+def assert_pod_locked_down(workload: str, spec: dict[str, Any]) -> None:
+    assert spec["automountServiceAccountToken"] is False, f"{workload}: automountServiceAccountToken"
     pod_security = spec.get("securityContext", {})
-    assert pod_security.get("runAsNonRoot") is True
-    assert pod_security.get("seccompProfile", {}).get("type") == "RuntimeDefault"
+    assert pod_security.get("runAsNonRoot") is True, f"{workload}: runAsNonRoot"
+    assert pod_security.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{workload}: seccompProfile"
     for c in all_containers(spec):
-        name = c["name"]
+        name = f"{workload}/{c['name']}"
         security = c.get("securityContext", {})
         effective = {**pod_security, **security}
         assert effective.get("runAsNonRoot") is True, f"{name}: runAsNonRoot"
@@ -371,8 +420,6 @@ def test_every_container_runs_locked_down(objects: tuple[dict[str, Any], ...]) -
         for bound in ("requests", "limits"):
             for resource in ("cpu", "memory"):
                 assert resource in resources.get(bound, {}), f"{name}: resources.{bound}.{resource} missing"
-    sidecar = container(spec, SIDECAR)["resources"]
-    assert sidecar == {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}}
 
 
 # --- ConfigMaps and the sidecar's configuration ---------------------------------------------------
@@ -466,7 +513,7 @@ def test_the_record_of_escalations_is_on_an_emptydir_that_outlives_container_res
 
 def test_probe_and_drain_timings_add_up(objects: tuple[dict[str, Any], ...]) -> None:
     settings = sidecar_settings()
-    deployment = one(objects, "Deployment")
+    deployment = inference_deployment(objects)
     spec = deployment["spec"]["template"]["spec"]
     triton, sidecar = container(spec, TRITON), container(spec, SIDECAR)
     drain_s = settings["lifecycle"]["drain_s"]
@@ -500,7 +547,7 @@ def test_probe_and_drain_timings_add_up(objects: tuple[dict[str, Any], ...]) -> 
 
 
 def test_the_autoscaler_and_disruption_budget_govern_the_deployment(objects: tuple[dict[str, Any], ...]) -> None:
-    deployment = one(objects, "Deployment")
+    deployment = inference_deployment(objects)
     assert "replicas" not in deployment["spec"], "the HorizontalPodAutoscaler owns the replica count"
     hpa = one(objects, "HorizontalPodAutoscaler")["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
@@ -786,3 +833,121 @@ def test_the_tls_overlay_serves_a_cert_manager_certificate_that_renews_in_place(
     config = load_config(config_file, {name: value or "stand-in" for name, value in env.items()})
     assert config.tls.enabled and config.listen.probe_port == SIDECAR_PROBE_PORT
     assert config.tls.cert_file.startswith(TLS_DIR + "/")
+
+
+# --- tracing overlay --------------------------------------------------------------------------------
+
+JAEGER = "jaeger"
+OTLP_HTTP_PORT = 4318
+JAEGER_UI_PORT = 16686
+
+
+def env_by_name(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+def test_the_tracing_overlay_is_the_cpu_overlay_plus_jaeger_with_nothing_taken_away() -> None:
+    cpu, tracing = _render("cpu"), _render("tracing")
+
+    def key(obj: dict[str, Any]) -> tuple[str, str]:
+        return obj["kind"], obj["metadata"]["name"]
+
+    rendered = {key(o): o for o in tracing}
+    for obj in cpu:
+        assert key(obj) in rendered, f"{key(obj)} of the cpu overlay is missing from the tracing overlay"
+        if key(obj) != ("Deployment", INFERENCE):
+            assert rendered[key(obj)] == obj, f"the tracing overlay changes {key(obj)}"
+    added = sorted(set(rendered) - {key(o) for o in cpu})
+    assert added == [("Deployment", JAEGER), ("NetworkPolicy", JAEGER), ("Service", JAEGER)], added
+
+    # The inference Deployment: the sidecar's env and Triton's args grow at their ends, and nothing
+    # else changes (a patch that replaced the lists would drop OTEL_RESOURCE_ATTRIBUTES or Triton's flags).
+    before, after = inference_deployment(cpu), json.loads(json.dumps(inference_deployment(tracing)))
+    grown = {}
+    for name, list_field in ((SIDECAR, "env"), (TRITON, "args")):
+        old = container(before["spec"]["template"]["spec"], name)[list_field]
+        new = container(after["spec"]["template"]["spec"], name)[list_field]
+        assert new[:len(old)] == old, f"{name}.{list_field} must keep the cpu overlay's entries, in order"
+        grown[name] = new[len(old):]
+        del new[len(old):]
+    assert after == before, "the tracing overlay changes more of the inference Deployment than env and args"
+    assert [e["name"] for e in grown[SIDECAR]] == ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER",
+                                                    "OTEL_TRACES_SAMPLER_ARG"]
+    assert grown[TRITON] and all(arg.startswith("--trace-config=") for arg in grown[TRITON]), grown[TRITON]
+
+
+def test_the_tracing_overlay_points_the_sidecar_and_triton_at_the_jaeger_service() -> None:
+    from sidecar.config import load_config
+
+    objects = _render("tracing")
+    spec = pod_spec(objects)
+    service = named(objects, "Service", JAEGER)
+    assert OTLP_HTTP_PORT in {p["port"] for p in service["spec"]["ports"]}
+    assert service["metadata"].get("namespace") == inference_deployment(objects)["metadata"].get("namespace")
+    collector = f"{service['metadata']['name']}:{OTLP_HTTP_PORT}"
+
+    env = env_by_name(container(spec, SIDECAR))
+    # The base URL: the sidecar appends /v1/traces itself.
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].get("value") == f"http://{collector}"
+    # Still from the base: every span names its pod and namespace (downward API).
+    assert env["OTEL_RESOURCE_ATTRIBUTES"].get("value") == (
+        "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)")
+    for variable, field_path in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")):
+        assert env[variable]["valueFrom"]["fieldRef"]["fieldPath"] == field_path, variable
+    # The configuration the sidecar starts with: spans to Jaeger, 1 % of new traces, a client's
+    # sampled traceparent followed, the pod's attributes on the resource.
+    config = load_config(SIDECAR_CONFIG_FILE, {name: e.get("value", "stand-in") for name, e in env.items()})
+    assert config.tracing.endpoint == f"http://{collector}/v1/traces"
+    assert (config.tracing.sample_rate, config.tracing.parent_based) == (0.01, True)
+    assert {"k8s.pod.name", "k8s.namespace.name"} <= set(config.tracing.resource_attributes)
+
+    # Triton's own spans to the same collector, only for requests the sidecar traced (docs/tracing.md).
+    assert triton_flags(spec).get("--trace-config") == [
+        "mode=opentelemetry", f"opentelemetry,url={collector}/v1/traces", "level=TIMESTAMPS", "rate=1000000"]
+
+    # Without the overlay tracing stays off: no endpoint for the sidecar, no tracing flag for Triton.
+    for target in sorted(set(TARGETS) - {"tracing"}):
+        other = pod_spec(_render(target))
+        assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in env_by_name(container(other, SIDECAR)), target
+        assert "--trace-config" not in triton_flags(other), target
+
+
+def test_the_tracing_overlay_runs_a_pinned_jaeger_that_takes_spans_from_the_inference_pods_only() -> None:
+    objects = _render("tracing")
+    deployment = named(objects, "Deployment", JAEGER)
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    jaeger = container(deployment["spec"]["template"]["spec"], JAEGER)
+    assert re.fullmatch(r"jaegertracing/all-in-one:\d+\.\d+\.\d+", jaeger["image"]), (
+        f"pin Jaeger to a release: {jaeger['image']}")
+    assert env_by_name(jaeger)["COLLECTOR_OTLP_ENABLED"].get("value") == "true"
+    named_ports = {p["name"]: p["containerPort"] for p in jaeger["ports"]}
+    assert {OTLP_HTTP_PORT, JAEGER_UI_PORT} <= set(named_ports.values()), named_ports
+
+    # The Service reaches Jaeger's OTLP and UI ports, and never the inference pods.
+    service = named(objects, "Service", JAEGER)
+    selector = service["spec"]["selector"]
+    assert selector and selects(selector, labels) and not selects(selector, inference_labels(objects))
+    targets = {p["port"]: named_ports.get(p["targetPort"], p["targetPort"]) for p in service["spec"]["ports"]}
+    assert targets.get(OTLP_HTTP_PORT) == OTLP_HTTP_PORT and targets.get(JAEGER_UI_PORT) == JAEGER_UI_PORT, targets
+
+    # Its NetworkPolicy: OTLP from the inference pods and from nothing else; the UI admitted.
+    policies = [p for p in of_kind(objects, "NetworkPolicy")
+                if selects(p["spec"]["podSelector"].get("matchLabels", {}), labels)]
+    assert len(policies) == 1 and "Ingress" in policies[0]["spec"]["policyTypes"], policies
+    inference_peer = {"podSelector": {"matchLabels": inference_deployment(objects)["spec"]["selector"]["matchLabels"]}}
+
+    def admits(rule: dict[str, Any], port: int) -> bool:
+        ports = rule.get("ports")  # none listed: every port
+        return not ports or any(named_ports.get(p["port"], p["port"]) == port for p in ports)
+
+    rules = policies[0]["spec"]["ingress"]
+    otlp_rules = [r for r in rules if admits(r, OTLP_HTTP_PORT)]
+    assert otlp_rules, "the jaeger NetworkPolicy admits no OTLP/HTTP: the spans would be dropped"
+    for rule in otlp_rules:
+        assert rule.get("from") == [inference_peer], f"OTLP must be admitted from the inference pods only: {rule}"
+    assert any(admits(r, JAEGER_UI_PORT) for r in rules), "the jaeger NetworkPolicy admits no UI"
+
+    # The spans get out: no policy of the inference pods restricts their egress. Restricting it needs an
+    # egress rule to the jaeger pods on 4318, and DNS.
+    for policy in inference_policies(objects):
+        assert "Egress" not in policy["spec"]["policyTypes"], policy["metadata"]["name"]

@@ -706,6 +706,54 @@ async def test_an_https_collector_gets_both_sides_spans_and_one_signed_by_anothe
         collector.stop()
 
 
+async def test_a_collector_that_wants_a_client_certificate_gets_both_exporters_spans_only_when_it_is_given(
+        triton, start, sidecars, tmp_path):
+    """tracing.client_cert_file/client_key_file (OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE, _KEY): both
+    exporters present them to a collector that requires mutual TLS: the front's rustls client (request
+    spans) and Python's requests (probe rounds). Without them the handshake fails and the loss is counted."""
+    ca, client_ca = make_ca("collector CA"), make_ca("exporters' CA")
+    server, client = issue(ca, "collector", dns=("localhost",), ips=("127.0.0.1",)), issue(client_ca, "sidecar",
+                                                                                        client=True)
+    for name, data in (("cert.pem", server.cert_pem), ("key.pem", server.key_pem), ("ca.pem", ca.cert_pem),
+                       ("client.pem", client.cert_pem), ("client-key.pem", client.key_pem),
+                       ("client-ca.pem", client_ca.cert_pem)):
+        (tmp_path / name).write_bytes(data)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(tmp_path / "client-ca.pem")
+    collector = OtlpReceiver(ssl_context=context).start()
+    try:
+        for identity in (True, False):
+            keys: dict[str, Any] = {"client_cert_file": str(tmp_path / "client.pem"),
+                                    "client_key_file": str(tmp_path / "client-key.pem")} if identity else {}
+            config = _rust(tracing_config(triton, collector.url, sample_rate=1.0, ca_file=str(tmp_path / "ca.pem"),
+                                          **keys))
+            sidecar = await started_and_healthy(start, config)
+            await _lane(sidecar, "credit_risk")
+            request_id = f"mtls-{identity}"
+            status, _ = await _http_infer(sidecar, credit_json(seed=16), {"x-request-id": request_id})
+            assert status == 200
+            if identity:
+                spans = await wait_for(lambda r=request_id: collector.find(attributes={"sidecar.request_id": r}),
+                                       10, what="the request's span over mutual TLS")
+                assert (spans[0].name, spans[0].language) == (HTTP_INFER_SPAN, "rust"), spans
+                rounds = await wait_for(lambda: collector.find(name="probe round", language="python"), 10,
+                                        what="a probe round exported by Python's SDK over mutual TLS")
+                assert rounds[0].service == SIDECAR_SERVICE, rounds
+            else:
+                # The request's span and the start's probe rounds, each exporter's batch refused.
+                await wait_for(lambda s=sidecar: (s.metric("triton_sidecar_tracing_spans_dropped_total",
+                                                           reason="export_failed") or 0) >= 2,
+                               15, what="the spans the missing client certificate kept from the collector counted")
+                assert not collector.find(attributes={"sidecar.request_id": request_id})
+            sidecars.remove(sidecar)
+            await stop_sidecar(sidecar)
+        assert not collector.errors, collector.errors
+    finally:
+        collector.stop()
+
+
 async def test_with_the_collector_down_or_hung_the_rust_front_s_answers_do_not_change_and_lost_spans_are_counted(
         triton, start, sidecars):
     """As the gRPC test above, for HTTP requests the front serves: probes run once an hour, so nearly every
@@ -805,11 +853,21 @@ def test_the_standard_otel_variables_fill_the_keys_the_file_leaves_unset(tmp_pat
     tracing = load_config(None, environ={**environ, "OTEL_EXPORTER_OTLP_CERTIFICATE": str(tmp_path / "a.pem"),
                                          "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": str(tmp_path / "b.pem")}).tracing
     assert tracing.ca_file == str(tmp_path / "b.pem")
+    # The client certificate the collector may ask for, and its key: the same order.
+    tracing = load_config(None, environ={**environ, "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": str(tmp_path / "a.pem"),
+                                         "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE": str(tmp_path / "b.pem"),
+                                         "OTEL_EXPORTER_OTLP_CLIENT_KEY": str(tmp_path / "a.pem")}).tracing
+    assert (tracing.client_cert_file, tracing.client_key_file) == (str(tmp_path / "b.pem"), str(tmp_path / "a.pem"))
 
 
 @pytest.mark.parametrize(("environ", "expected"), [
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "https://c:4318", "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem"},
      "key 'tracing.ca_file': cannot read '/nonexistent/ca.pem'"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "https://c:4318", "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": "/etc/hostname"},
+     "key 'tracing.client_cert_file' needs tracing.client_key_file too"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "https://c:4318", "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": "/etc/hostname",
+      "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY": "/nonexistent/key.pem"},
+     "key 'tracing.client_key_file': cannot read '/nonexistent/key.pem'"),
     ({"OTEL_TRACES_SAMPLER": "sometimes"}, "environment variable OTEL_TRACES_SAMPLER: unknown sampler 'sometimes'"),
     ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"},
      "environment variable OTEL_TRACES_SAMPLER_ARG: must be 0..1"),

@@ -539,28 +539,37 @@ def _tls_material(tls: ServerTls, material: TlsMaterial) -> tuple[bytes, bytes, 
     return material.cert_pem, material.key_pem, material.ca_pem, list(section.client_allowed_sans), section.min_version
 
 
-def _tracing(section: TracingSection) -> tuple[str, bytes | None, float, bool, str, str, list[tuple[str, str]],
-                                               int, int, float, float] | None:
+def _tracing(section: TracingSection) -> tuple[str, bytes | None, tuple[bytes, bytes] | None, float, bool, str, str,
+                                               list[tuple[str, str]], int, int, float, float] | None:
     """The resolved tracing section as the front takes it (it reads no environment and no file of its
-    own): for an https:// collector, with the CA bundle both exporters trust; None while tracing is off."""
+    own): for an https:// collector, with the CA bundle both exporters trust and the client certificate
+    both present when it asks for one; None while tracing is off."""
     if not section.enabled:
         return None
-    ca_pem = None
+    ca_pem = identity = None
     if section.endpoint.startswith("https://"):
         ca_pem = _ca_bundle(section.ca_file)
-    return (section.endpoint, ca_pem, section.sample_rate, section.parent_based, section.service_name, __version__,
+        if section.client_cert_file:
+            identity = (_read_tracing_file("client_cert_file", section.client_cert_file),
+                        _read_tracing_file("client_key_file", section.client_key_file))
+    return (section.endpoint, ca_pem, identity, section.sample_rate, section.parent_based, section.service_name,
+            __version__,
             sorted(section.resource_attributes.items()), section.queue_size, section.batch_size,
             section.export_delay_s, section.export_timeout_s)
+
+
+def _read_tracing_file(key: str, path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"key 'tracing.{key}': cannot read {path!r}: {e.strerror}") from e
 
 
 def _ca_bundle(ca_file: str) -> bytes:
     """tracing.ca_file's PEM, or the bundle Python's OTLP exporter (requests) trusts when it is unset:
     REQUESTS_CA_BUNDLE's or CURL_CA_BUNDLE's when the environment names one, else certifi's."""
     path = ca_file or os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or certifi.where()
-    try:
-        return Path(path).read_bytes()
-    except OSError as e:
-        raise ConfigError(f"key 'tracing.ca_file': cannot read {path!r}: {e.strerror}") from e
+    return _read_tracing_file("ca_file", path)
 
 
 def http_server(app: web.Application) -> SidecarListener | HttpFront:

@@ -128,6 +128,7 @@ def start_tracing(settings: TracingSection, *, metrics: SidecarMetrics, protocol
     # exporter's own default; OTEL_EXPORTER_OTLP_CERTIFICATE is already in ca_file).
     exporter = exporter or OTLPSpanExporter(
         endpoint=settings.endpoint, timeout=settings.export_timeout_s, certificate_file=settings.ca_file or None,
+        client_certificate_file=settings.client_cert_file or None, client_key_file=settings.client_key_file or None,
         session=_PinnedCaSession() if settings.ca_file else None)
     processor = CountedBatchSpanProcessor(CountedExporter(exporter, metrics=metrics), settings=settings,
                                           metrics=metrics)

@@ -60,6 +60,9 @@ pub struct TracingSettings {
     /// For an https:// endpoint: the PEM bundle of the CAs its certificate must chain to
     /// (tracing.ca_file, or the bundle Python's exporter trusts), read by Python.
     pub ca_pem: Option<Vec<u8>>,
+    /// For an https:// endpoint that asks for one: the client certificate chain and its key (PEM),
+    /// tracing.client_cert_file and client_key_file as Python read them.
+    pub client_identity: Option<(Vec<u8>, Vec<u8>)>,
     pub sample_rate: f64,
     pub parent_based: bool,
     pub service_name: String,
@@ -78,6 +81,9 @@ pub enum TracingError {
     NotHttp(String),
     #[error("tracing.ca_file: {0}")]
     Ca(String),
+    /// The message names the key (tracing.client_cert_file or client_key_file).
+    #[error("{0}")]
+    ClientCert(String),
     #[error("tracing.endpoint: the OTLP exporter refused it: {0}")]
     Exporter(String),
 }
@@ -106,7 +112,11 @@ impl Tracing {
         if authority.is_empty() {
             return Err(TracingError::NotHttp(settings.endpoint.clone()));
         }
-        let tls = if secure { Some(client_tls(authority, settings.ca_pem.as_deref())?) } else { None };
+        let tls = if secure {
+            Some(client_tls(authority, settings.ca_pem.as_deref(), settings.client_identity.as_ref())?)
+        } else {
+            None
+        };
         // An https:// URL without a port is the collector's 443 (TcpStream needs one).
         let address = match (secure, authority.rsplit_once(':')) {
             (_, Some((_, port))) if !port.contains(']') => authority.to_owned(),
@@ -276,10 +286,15 @@ impl Tracing {
 }
 
 /// The TLS client of an https:// collector: its certificate verified against `ca_pem` (webpki's
-/// rules: chain, validity, the host name of the URL), TLS 1.2 or 1.3 on ring's primitives.
-fn client_tls(authority: &str, ca_pem: Option<&[u8]>) -> Result<ClientTls, TracingError> {
+/// rules: chain, validity, the host name of the URL), TLS 1.2 or 1.3 on ring's primitives;
+/// `identity` (certificate chain, key), presented when the collector asks for a client certificate.
+fn client_tls(
+    authority: &str,
+    ca_pem: Option<&[u8]>,
+    identity: Option<&(Vec<u8>, Vec<u8>)>,
+) -> Result<ClientTls, TracingError> {
     use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, ServerName};
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
     let pem = ca_pem.ok_or_else(|| TracingError::Ca("no CA bundle for an https:// endpoint".to_owned()))?;
     let mut roots = rustls::RootCertStore::empty();
     for certificate in CertificateDer::pem_slice_iter(pem) {
@@ -300,11 +315,32 @@ fn client_tls(authority: &str, ca_pem: Option<&[u8]>) -> Result<ClientTls, Traci
     // ring's provider, as the server side's (front/tls.rs says why not aws-lc-rs).
     #[allow(deprecated)]
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| TracingError::Ca(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+    let config = match identity {
+        None => builder.with_no_client_auth(),
+        Some((chain_pem, key_pem)) => {
+            let chain = CertificateDer::pem_slice_iter(chain_pem).collect::<Result<Vec<_>, _>>().map_err(|e| {
+                TracingError::ClientCert(format!("tracing.client_cert_file: not a PEM certificate chain: {e}"))
+            })?;
+            if chain.is_empty() {
+                return Err(TracingError::ClientCert(
+                    "tracing.client_cert_file: the file holds no certificate".to_owned(),
+                ));
+            }
+            let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| {
+                TracingError::ClientCert(format!("tracing.client_key_file: not a PEM private key: {e}"))
+            })?;
+            // rustls checks here that the key is one it can sign with (and matches the leaf's type).
+            builder.with_client_auth_cert(chain, key).map_err(|e| {
+                TracingError::ClientCert(format!(
+                    "tracing.client_cert_file, client_key_file: the certificate and key cannot be used together: {e}"
+                ))
+            })?
+        }
+    };
     Ok(ClientTls { connector: tokio_rustls::TlsConnector::from(Arc::new(config)), server_name })
 }
 

@@ -58,14 +58,29 @@ type CannedTuple = (String, u16, Vec<u8>, Option<u64>, String);
 type TlsTuple = (Vec<u8>, Vec<u8>, Option<Vec<u8>>, Vec<String>, String);
 
 /// The resolved `tracing` section (sidecar/fronts/http_front.py's `_tracing`): (endpoint, the CA
-/// bundle of an https:// endpoint, sample_rate, parent_based, service_name, service.version, resource attributes, queue_size,
-/// batch_size, export_delay_s, export_timeout_s).
-type TracingTuple = (String, Option<Vec<u8>>, f64, bool, String, String, Vec<(String, String)>, usize, usize, f64, f64);
+/// bundle of an https:// endpoint, its client certificate chain and key or None, sample_rate,
+/// parent_based, service_name, service.version, resource attributes, queue_size, batch_size,
+/// export_delay_s, export_timeout_s).
+type TracingTuple = (
+    String,
+    Option<Vec<u8>>,
+    Option<(Vec<u8>, Vec<u8>)>,
+    f64,
+    bool,
+    String,
+    String,
+    Vec<(String, String)>,
+    usize,
+    usize,
+    f64,
+    f64,
+);
 
 fn tracing_settings(
     (
         endpoint,
         ca_pem,
+        client_identity,
         sample_rate,
         parent_based,
         service_name,
@@ -80,6 +95,7 @@ fn tracing_settings(
     Ok(TracingSettings {
         endpoint,
         ca_pem,
+        client_identity,
         sample_rate,
         parent_based,
         service_name,
