@@ -333,6 +333,9 @@ async def test_a_grpc_request_continues_the_client_s_trace_and_triton_s_spans_ne
     if sidecar.app[CONFIG].listen.grpc_front == "rust":  # the data plane's span, with its phases as events
         assert span.events == ("validation", "breaker wait", "upstream call", "screening"), span
         assert sidecar.server.grpc_served > 0, "the Rust gRPC front handed every call to grpcio"
+    else:  # grpcio's call: the serving core's phases, the admission's wait first
+        assert span.events == ("admission", "validation", "breaker wait", "upstream call", "screening"), span
+    assert span.attributes["sidecar.routing.reason"] == "default", span
     assert receiver.posts["json"] >= 1 and receiver.posts["protobuf"] >= 1, receiver.posts
     # The access log line of the request names the trace and the sidecar's span.
     access = [e for e in log_events if e.get("event") == "proxy_request" and e.get("request_id") == f"traced-{i}"]
@@ -505,6 +508,7 @@ async def test_an_http_request_on_the_rust_front_continues_the_client_s_trace_wi
     assert span.attributes["http.request.body.size"] > 1000 and span.attributes["http.response.body.size"] > 0, span
     assert "sidecar.refusal.reason" not in span.attributes and not span.failed, span
     assert list(span.events) == ["validation", "breaker wait", "upstream call", "screening"], span
+    assert span.attributes["sidecar.routing.reason"] == "default" and "sidecar.model.version" not in span.attributes
     assert all(s.trace_id == span.trace_id for s in theirs), theirs
     # The access log line the front sent up names the trace and the front's span.
     access = [e for e in log_events if e.get("event") == "proxy_request" and e.get("request_id") == f"http-traced-{i}"]
@@ -520,6 +524,23 @@ async def test_an_http_request_on_the_rust_front_continues_the_client_s_trace_wi
     assert status == 200
     await wait_for(lambda: receiver.find(trace_id=last, service=SIDECAR_SERVICE), 10, what="the last span")
     assert not receiver.find(trace_id=unsampled, service=SIDECAR_SERVICE)
+    # A version the client pins: the span says which, and why. The first request to a version is the
+    # Python chain's (it fetches that version's spec and publishes it), the next one the lane's.
+    for n, pinned in enumerate(("9bf92f3577b34da6a3ce929d0e0e4701", "9bf92f3577b34da6a3ce929d0e0e4702")):
+        if n:
+            await wait_for(lambda: any(lane[0] == "credit_risk" and any(v[0] == "1" for v in lane[6])
+                                       for lane in front.lanes()[0]), 5, what="version 1 pinnable on the front")
+        fast = front.fast_requests
+        traced = {"traceparent": f"00-{pinned}-{client_span}-01"}
+        async with sidecar.session.post(sidecar.url + "/v2/models/credit_risk/versions/1/infer",
+                                        json=credit_json(seed=9), headers=traced) as r:
+            assert r.status == 200 and (await r.json())["model_version"] == "1"
+        assert (front.fast_requests > fast) == bool(n), (n, fast, front.fast_requests)
+        span = (await wait_for(lambda p=pinned: receiver.find(trace_id=p, service=SIDECAR_SERVICE), 10,
+                               what="the pinned request's span"))[0]
+        assert (span.attributes["sidecar.model.version"], span.attributes["sidecar.routing.reason"]) == (
+            "1", "pinned"), span
+        assert span.events[0] == ("validation" if n else "admission"), span
     assert sidecar.metric("triton_sidecar_tracing_spans_exported_total") >= 2
     assert sidecar.metric("triton_sidecar_tracing_spans_dropped_total", reason="queue_full") == 0
 
@@ -661,6 +682,9 @@ async def test_http_requests_the_python_side_answers_have_spans_too_and_triton_s
     assert span.attributes["http.route"] == "/v2/models/{model}/infer", span
     assert span.attributes["http.response.status_code"] == 200 and not span.failed, span
     assert span.language == "python", span
+    # The serving core's phases, named as the lane's, the admission's wait (a hold) first; the route.
+    assert list(span.events) == ["admission", "validation", "breaker wait", "upstream call", "screening"], span
+    assert span.attributes["sidecar.routing.reason"] == "default", span
     assert all(s.trace_id == span.trace_id for s in theirs), theirs
 
 

@@ -196,7 +196,7 @@ class GenerateExchange:
 async def generate(request: web.Request, ctx: RequestContext) -> web.StreamResponse:
     call = await _call(request, ctx, "generate")
     status, body = await call.core.infer(call.model, call.version, GenerateExchange(call),
-                                         cohort_of(call.core, call.model, request.headers))
+                                         cohort_of(call.core, call.model, request.headers), ctx=ctx)
     return web.Response(status=status, body=body, content_type="application/json")
 
 

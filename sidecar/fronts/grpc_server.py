@@ -473,7 +473,7 @@ class GrpcFront:
         metadata = dict(context.invocation_metadata() or ())
         version = self.core.pinned(model, request.model_version, metadata.get(VERSION_HEADER))
         exchange = GrpcInferExchange(self, payload, request, self._forwarded(context, ctx), self._timeout(context))
-        answer = await self.core.infer(model, version, exchange, cohort_of(self.core, model, metadata))
+        answer = await self.core.infer(model, version, exchange, cohort_of(self.core, model, metadata), ctx=ctx)
         if answer.error is not None:
             raise _PassedOn(*answer.error)
         return answer.payload

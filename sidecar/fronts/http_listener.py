@@ -453,7 +453,7 @@ class _Connection(asyncio.Protocol):
         forwarded = forwarded_headers(headers, ctx)
         exchange = HttpInferExchange(self._listener.app[UPSTREAM_POOL], core.settings.upstream_timeout_s, ctx, model,
                                      version, body, header_length, forwarded, lambda: self._closing)
-        return await core.infer(model, version, exchange, cohort_of(core, model, headers))
+        return await core.infer(model, version, exchange, cohort_of(core, model, headers), ctx=ctx)
 
     def _write(self, status: int, headers: dict[str, str], body: bytes, request_id: str, keep_alive: bool,
                close: bool = True) -> None:

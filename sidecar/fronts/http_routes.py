@@ -304,7 +304,8 @@ async def infer(request: web.Request, ctx: RequestContext) -> web.StreamResponse
 
     exchange = HttpInferExchange(request.app[UPSTREAM_POOL], core.settings.upstream_timeout_s, ctx, model, version,
                                  body, header_length, forwarded_headers(request.headers, ctx), client_gone)
-    status, headers, answer = await core.infer(model, version, exchange, cohort_of(core, model, request.headers))
+    status, headers, answer = await core.infer(model, version, exchange, cohort_of(core, model, request.headers),
+                                               ctx=ctx)
     response = web.Response(status=status, body=answer, content_type=headers.get("Content-Type", "application/json"))
     if "Inference-Header-Content-Length" in headers:
         response.headers["Inference-Header-Content-Length"] = headers["Inference-Header-Content-Length"]

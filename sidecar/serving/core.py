@@ -189,23 +189,44 @@ class ServingCore:
         self.admission.check_version(model, version)
         return version
 
-    async def infer(self, model: str, version: str, exchange: Exchange[AnswerT], cohort: str = "") -> AnswerT:
+    async def infer(self, model: str, version: str, exchange: Exchange[AnswerT], cohort: str = "", *,
+                    ctx: RequestContext | None = None) -> AnswerT:
         """route (pin, split, fallback) -> admit (quarantine, hold) -> spec -> validate -> breaker ->
         Triton -> screen -> signals -> drift -> shadow (after the answer, in the background).
-        `version` is the client's pin ("" = none), `cohort` the value of the rollout's cohort_key."""
+        `version` is the client's pin ("" = none), `cohort` the value of the rollout's cohort_key.
+        `ctx`: the request's, whose span (when it is traced) gets the route and an event per phase."""
         route = self.router.route(model, version, cohort)
         if route.reason != DEFAULT:
             self.count_route(model, route.version, route.reason)
-        spec = await self.admitted_spec(model, route.version)
+        # One check for an untraced request; a traced one's span says which version and why, and
+        # each phase's end (the Rust lane's events, and the admission's wait: a hold while suspect).
+        traced = ctx if ctx is not None and ctx.span is not None else None
+        phase = self.requests.phase
+        if traced is not None:
+            routed: dict[str, str] = {"sidecar.routing.reason": route.reason}
+            if route.version:
+                routed["sidecar.model.version"] = route.version
+            self.requests.annotate(traced, routed)
+        try:
+            spec = await self.admitted_spec(model, route.version)
+        finally:
+            if traced is not None:
+                phase(traced, "admission")
         checked = exchange.validate(spec)
+        if traced is not None:
+            phase(traced, "validation")
         in_flight = self.telemetry.in_flight(model)
         rollout = route.rollout
         async with self.breaker(model).slot(model, self.settings.upstream_timeout_s):
+            if traced is not None:
+                phase(traced, "breaker wait")
             in_flight.inc()
             at_triton = self.admission.sent(model, route.version)
             started = time.perf_counter()
             try:
                 answer = await exchange.send(route.version)
+                if traced is not None:
+                    phase(traced, "upstream call")
             except UpstreamFailure as e:
                 if rollout is not None:
                     rollout.answered(route.version, time.perf_counter() - started, error=True)
@@ -227,6 +248,9 @@ class ServingCore:
             if rollout is not None:
                 rollout.answered(route.version, latency_s, error=True)
             raise
+        finally:
+            if traced is not None:
+                phase(traced, "screening")
         if rollout is not None:
             rollout.answered(route.version, latency_s, error=False)
             target = self.router.shadow_target(route)

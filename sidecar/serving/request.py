@@ -24,6 +24,7 @@ log context by token, not with `bound_contextvars()`, which copies the whole con
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -33,7 +34,7 @@ import structlog
 from sidecar.serving.lifecycle import Lifecycle
 from sidecar.serving.refusals import Reason, Refusal
 from sidecar.serving.telemetry import HTTP, RequestContext, RequestTelemetry, trace_id
-from sidecar.tracing.spans import RequestSpans
+from sidecar.tracing.spans import Attributes, RequestSpans
 
 log = structlog.get_logger("sidecar.proxy")
 
@@ -112,6 +113,21 @@ class RequestWrapper:
         if spans is not None and protocol in spans.protocols:
             spans.start(scope, traceparent, tracestate, method=method, path=path, route=route)
         return scope
+
+    def annotate(self, scope: RequestContext, attributes: Attributes) -> None:
+        """Attributes of a traced request's span (nothing when it is untraced)."""
+        if scope.span is not None and self.spans is not None:
+            self.spans.annotate(scope, attributes)
+
+    def phase(self, scope: RequestContext, name: str) -> None:
+        """A phase of a traced request ended now: an event with `sidecar.duration_ms` since the
+        previous one (or the start), named as the Rust lane names its own (docs/tracing.md)."""
+        if scope.span is None or self.spans is None:
+            return
+        now = time.perf_counter()
+        elapsed_ms = (now - (scope.phase_mark or scope.started)) * 1000.0
+        scope.phase_mark = now
+        self.spans.event(scope, name, {"sidecar.duration_ms": round(elapsed_ms, 3)})
 
     def refuse_at_once(self, protocol: str, refusal: Refusal, *, method: str, path: str, label: str,
                        request_id: str | None = None, traceparent: str | None = None,

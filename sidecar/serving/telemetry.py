@@ -54,6 +54,8 @@ class RequestContext:
     span: Any = None
     span_id: str = ""
     upstream_trace: tuple[tuple[str, str], ...] = ()
+    #: When the traced request's last phase ended (perf_counter; 0: none yet, the start counts).
+    phase_mark: float = 0.0
 
     def answered(self, code: int | str) -> None:
         """The front's answer has begun with this HTTP status or gRPC code name (a stream calls it

@@ -17,7 +17,14 @@ from typing import Protocol
 
 from sidecar._dataplane import RequestSpan
 from sidecar.messages import cut
-from sidecar.tracing.spans import RequestSpans, TracedRequest, outcome_attributes, request_attributes, request_span_name
+from sidecar.tracing.spans import (
+    Attributes,
+    RequestSpans,
+    TracedRequest,
+    outcome_attributes,
+    request_attributes,
+    request_span_name,
+)
 
 
 class SpanOpener(Protocol):
@@ -51,6 +58,20 @@ class FrontSpans:
         if span.tracestate:
             upstream.append(("tracestate", span.tracestate))
         scope.upstream_trace = tuple(upstream)
+
+    def annotate(self, scope: TracedRequest, attributes: Attributes) -> None:
+        span = scope.span
+        if isinstance(span, RequestSpan):
+            span.set(list(attributes.items()))
+        else:
+            self.before.annotate(scope, attributes)
+
+    def event(self, scope: TracedRequest, name: str, attributes: Attributes) -> None:
+        span = scope.span
+        if isinstance(span, RequestSpan):
+            span.event(name, list(attributes.items()))
+        else:
+            self.before.event(scope, name, attributes)
 
     def end(self, scope: TracedRequest, *, code: str, reason: str, failed: bool, description: str) -> None:
         span = scope.span

@@ -245,6 +245,12 @@ class OtelTracing:
             upstream.append(("tracestate", context.trace_state.to_header()))
         scope.upstream_trace = tuple(upstream)
 
+    def annotate(self, scope: TracedRequest, attributes: Attributes) -> None:
+        scope.span.set_attributes(attributes)
+
+    def event(self, scope: TracedRequest, name: str, attributes: Attributes) -> None:
+        scope.span.add_event(name, attributes)
+
     def end(self, scope: TracedRequest, *, code: str, reason: str, failed: bool, description: str) -> None:
         span = scope.span
         span.set_attributes(outcome_attributes(scope, code=code, reason=reason))

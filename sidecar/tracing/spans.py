@@ -73,6 +73,12 @@ class RequestSpans(Protocol):
         sampled, set `scope.span`, `scope.trace_id`, `scope.span_id` and `scope.upstream_trace` (the
         traceparent and tracestate that make Triton's spans its children)."""
 
+    def annotate(self, scope: TracedRequest, attributes: Attributes) -> None:
+        """Set attributes of `scope.span` (sampled) as the request goes on: the version routing chose."""
+
+    def event(self, scope: TracedRequest, name: str, attributes: Attributes) -> None:
+        """An event of `scope.span` (sampled) now: a phase that ended, with its duration."""
+
     def end(self, scope: TracedRequest, *, code: str, reason: str, failed: bool, description: str) -> None:
         """End `scope.span` with the request's outcome (model, status, refusal reason)."""
 

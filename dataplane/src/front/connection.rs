@@ -281,6 +281,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             tracestate,
             route: Route::Http(endpoint),
             model: &model,
+            version: &version,
             request_id: &request_id,
             body_bytes: body.len(),
             started,

@@ -188,19 +188,28 @@ impl Tracing {
         if !context.is_sampled() {
             return RequestSpan::OFF; // the client's own context goes on to Triton, as without tracing
         }
+        // The version routing chose and why, as sidecar/serving/core.py's spans say it: on a lane only
+        // the client's pin routes.
+        let (version, routed) = match opened.version {
+            "" => (None, "default"),
+            pinned => (Some(KeyValue::new("sidecar.model.version", pinned.to_owned())), "pinned"),
+        };
         let common = [
             KeyValue::new("sidecar.model", opened.model.to_owned()),
             KeyValue::new("sidecar.request_id", opened.request_id.to_owned()),
-        ];
+            KeyValue::new("sidecar.routing.reason", routed),
+        ]
+        .into_iter()
+        .chain(version);
         match opened.route {
-            Route::Http(endpoint) => span.set_attributes(common.into_iter().chain([
+            Route::Http(endpoint) => span.set_attributes(common.chain([
                 KeyValue::new("sidecar.protocol", "http"),
                 KeyValue::new("http.request.method", "POST"),
                 KeyValue::new("http.route", endpoint.route()),
                 KeyValue::new("http.request.body.size", opened.body_bytes as i64),
             ])),
             // sidecar/tracing/otel.py's attributes of a gRPC call, and the bytes in as over HTTP.
-            Route::Grpc { service, method, .. } => span.set_attributes(common.into_iter().chain([
+            Route::Grpc { service, method, .. } => span.set_attributes(common.chain([
                 KeyValue::new("sidecar.protocol", "grpc"),
                 KeyValue::new("rpc.system", "grpc"),
                 KeyValue::new("rpc.service", service),
@@ -233,6 +242,7 @@ impl Tracing {
             span,
             traceparent: traceparent_of(&context),
             tracestate: (!state.is_empty()).then_some(state),
+            events: 0,
         })
     }
 
@@ -350,6 +360,9 @@ pub struct Opened<'a> {
     pub tracestate: Option<&'a str>,
     pub route: Route,
     pub model: &'a str,
+    /// The version the client pinned ("" = none: Triton's default), the only routing a lane does
+    /// (a model in a rollout is Python's).
+    pub version: &'a str,
     pub request_id: &'a str,
     pub body_bytes: usize,
     /// When the request's head was read: the span covers the body's reading too.
@@ -424,6 +437,8 @@ pub struct PythonSpan {
     /// What Triton gets, this span as the parent; the log's trace and span ids are its slices.
     pub traceparent: String,
     pub tracestate: Option<String>,
+    /// Events recorded, bounded by MAX_EVENTS as the front's own spans.
+    events: u32,
 }
 
 impl PythonSpan {
@@ -437,6 +452,14 @@ impl PythonSpan {
 
     pub fn set(&mut self, attributes: Vec<KeyValue>) {
         self.span.set_attributes(attributes);
+    }
+
+    /// A moment of the request (a phase that ended, a wait); past MAX_EVENTS, dropped.
+    pub fn event(&mut self, name: String, attributes: Vec<KeyValue>) {
+        if self.events < MAX_EVENTS {
+            self.span.add_event(name, attributes);
+            self.events += 1;
+        }
     }
 
     /// End it now; `error`: the description of a failed request (its status is then an error).
@@ -848,6 +871,7 @@ mod tests {
             tracestate: None,
             route: Route::Http(Endpoint::Infer),
             model: "m",
+            version: "",
             request_id: "r",
             body_bytes: 0,
             started: Instant::now(),

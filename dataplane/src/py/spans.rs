@@ -69,6 +69,15 @@ impl RequestSpan {
         }
     }
 
+    /// An event now: a phase of the request that ended (`sidecar.duration_ms`), a wait.
+    fn event(&self, name: String, attributes: Vec<(String, AttributeValue)>) {
+        if let Ok(mut open) = self.open.lock() {
+            if let Some(span) = open.as_mut() {
+                span.event(name, key_values(attributes));
+            }
+        }
+    }
+
     /// End it with these last attributes; `error`: a failed request's description (an error status).
     #[pyo3(signature = (attributes, error = None))]
     fn end(&self, attributes: Vec<(String, AttributeValue)>, error: Option<&str>) {

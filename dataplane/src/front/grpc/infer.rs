@@ -243,6 +243,7 @@ fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Inst
         tracestate,
         route: MODEL_INFER_ROUTE,
         model: &request.model_name,
+        version: &version,
         request_id: &request_id,
         body_bytes: body.len(),
         started,
