@@ -25,6 +25,7 @@ pub mod grpc;
 pub mod lane;
 pub mod reply;
 pub mod settings;
+pub mod span_records;
 pub mod state;
 pub mod tls;
 pub mod tracing;

@@ -28,13 +28,13 @@ use opentelemetry::trace::{
     Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer as _,
     TracerProvider as _,
 };
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::{Context, InstrumentationScope, KeyValue};
 use opentelemetry_http::{HttpClient, HttpError};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider, Span, SpanData, SpanExporter,
-    SpanProcessor,
+    BatchConfigBuilder, BatchSpanProcessor, IdGenerator, RandomIdGenerator, Sampler, SamplingDecision, SdkTracer,
+    SdkTracerProvider, ShouldSample, Span, SpanData, SpanExporter, SpanProcessor,
 };
 use opentelemetry_sdk::Resource;
 
@@ -42,6 +42,7 @@ use crate::metrics::request::RequestMetrics;
 use crate::protocol::pytext::cut;
 
 use super::generate::Endpoint;
+use super::span_records::{status_text, Noted, Outcome, Record, Recorder, HAND_ON_EVERY};
 use super::upstream::{ClientTls, Upstream};
 
 /// The instrumentation scope of every span (sidecar/tracing/otel.py's SCOPE).
@@ -93,6 +94,10 @@ pub struct Tracing {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
     export_timeout: Duration,
+    /// A lane request's span is sampled and named here, and recorded by `recorder` (span_records.rs).
+    sampler: Sampler,
+    ids: RandomIdGenerator,
+    recorder: Arc<Recorder>,
 }
 
 impl Tracing {
@@ -145,11 +150,11 @@ impl Tracing {
             .with_max_export_batch_size(settings.batch_size.min(settings.queue_size))
             .with_scheduled_delay(settings.export_delay)
             .build();
-        let processor = BoundedProcessor {
+        let mut processor = BoundedProcessor {
             inner: BatchSpanProcessor::new(counted, config),
             pending,
             limit: settings.queue_size,
-            metrics,
+            metrics: metrics.clone(),
         };
         let ratio = Sampler::TraceIdRatioBased(settings.sample_rate);
         let sampler = if settings.parent_based { Sampler::ParentBased(Box::new(ratio)) } else { ratio };
@@ -164,63 +169,71 @@ impl Tracing {
             .with_service_name(settings.service_name.clone())
             .with_attributes(attributes)
             .build();
+        // The processor is shared by the provider (the spans Python writes) and the recorder (the
+        // lanes'): its resource is set here, as the provider would set it.
+        processor.set_resource(&resource);
+        let processor = Arc::new(processor);
         let provider = SdkTracerProvider::builder()
-            .with_sampler(sampler)
+            .with_sampler(sampler.clone())
             .with_resource(resource)
-            .with_span_processor(processor)
+            .with_span_processor(SharedProcessor(processor.clone()))
             .build();
         let tracer = provider.tracer(SCOPE);
-        Ok(Tracing { provider, tracer, export_timeout: settings.export_timeout })
+        let scope = InstrumentationScope::builder(SCOPE).build();
+        let recorder = Recorder::start(processor, scope, settings.queue_size, metrics, HAND_ON_EVERY)
+            .map_err(|e| TracingError::Exporter(format!("cannot start the span thread: {e}")))?;
+        Ok(Tracing {
+            provider,
+            tracer,
+            export_timeout: settings.export_timeout,
+            sampler,
+            ids: RandomIdGenerator::default(),
+            recorder: Arc::new(recorder),
+        })
     }
 
     /// The span of one request read in full: sampled, or `RequestSpan::OFF`.
     pub fn request(&self, opened: Opened<'_>) -> RequestSpan {
-        let parent = parent_context(opened.traceparent, opened.tracestate);
-        // The samplers read only the trace id and the parent: the attributes are built for a sampled
-        // span alone, so the 99 % an unsampled rate leaves out cost no allocation for them.
-        let mut span = self
-            .tracer
-            .span_builder(opened.route.span_name())
-            .with_kind(SpanKind::Server)
-            .with_start_time(SystemTime::now() - opened.started.elapsed())
-            .start_with_context(&self.tracer, &parent);
-        let context = span.span_context().clone();
-        if !context.is_sampled() {
+        // The SDK's sampler and ids, as its tracer would use them, without its span (span_records.rs
+        // says why): a sampled request gets a record, the 99 % a low rate leaves out nothing.
+        let remote = opened.traceparent.and_then(remote_context(opened.tracestate));
+        let name = opened.route.span_name();
+        let (parent, trace_id, parent_id) = match remote {
+            Some(remote) => {
+                let (trace_id, span_id) = (remote.trace_id(), remote.span_id());
+                (Context::new().with_remote_span_context(remote), trace_id, span_id)
+            }
+            None => (Context::new(), self.ids.new_trace_id(), SpanId::INVALID),
+        };
+        let sampled = self.sampler.should_sample(Some(&parent), trace_id, name, &SpanKind::Server, &[], &[]);
+        if sampled.decision != SamplingDecision::RecordAndSample {
             return RequestSpan::OFF; // the client's own context goes on to Triton, as without tracing
         }
-        // The version routing chose and why, as sidecar/serving/core.py's spans say it: on a lane only
-        // the client's pin routes.
-        let (version, routed) = match opened.version {
-            "" => (None, "default"),
-            pinned => (Some(KeyValue::new("sidecar.model.version", pinned.to_owned())), "pinned"),
-        };
-        let common = [
-            KeyValue::new("sidecar.model", opened.model.to_owned()),
-            KeyValue::new("sidecar.request_id", opened.request_id.to_owned()),
-            KeyValue::new("sidecar.routing.reason", routed),
-        ]
-        .into_iter()
-        .chain(version);
-        match opened.route {
-            Route::Http(endpoint) => span.set_attributes(common.chain([
-                KeyValue::new("sidecar.protocol", "http"),
-                KeyValue::new("http.request.method", "POST"),
-                KeyValue::new("http.route", endpoint.route()),
-                KeyValue::new("http.request.body.size", opened.body_bytes as i64),
-            ])),
-            // sidecar/tracing/otel.py's attributes of a gRPC call, and the bytes in as over HTTP.
-            Route::Grpc { service, method, .. } => span.set_attributes(common.chain([
-                KeyValue::new("sidecar.protocol", "grpc"),
-                KeyValue::new("rpc.system", "grpc"),
-                KeyValue::new("rpc.service", service),
-                KeyValue::new("rpc.method", method),
-                KeyValue::new("rpc.request.body.size", opened.body_bytes as i64),
-            ])),
-        }
+        let context =
+            SpanContext::new(trace_id, self.ids.new_span_id(), TraceFlags::SAMPLED, false, sampled.trace_state);
         let state = context.trace_state().header();
+        let traceparent = traceparent_of(&context);
+        let now = SystemTime::now();
+        let record = Record {
+            context,
+            parent: parent_id,
+            route: opened.route,
+            start: now - opened.started.elapsed(),
+            model: opened.model.to_owned(),
+            version: opened.version.to_owned(),
+            request_id: opened.request_id.to_owned(),
+            body_bytes: opened.body_bytes,
+            events: Vec::with_capacity(6),
+            end: now,
+            outcome: Outcome::Http { status: 0 },
+            reason: String::new(),
+            bytes_out: 0,
+            error: None,
+        };
         RequestSpan(Some(Box::new(Traced {
-            open: Mutex::new(Open { span, mark: Instant::now(), events: 0, ended: false }),
-            traceparent: traceparent_of(&context),
+            open: Mutex::new(Open { record: Some(record), mark: Instant::now() }),
+            recorder: self.recorder.clone(),
+            traceparent,
             tracestate: (!state.is_empty()).then_some(state),
             grpc: matches!(opened.route, Route::Grpc { .. }),
         })))
@@ -290,8 +303,13 @@ impl Tracing {
     /// one-thread runtime goes on running them meanwhile.
     pub async fn shutdown(&self) {
         let provider = self.provider.clone();
+        let recorder = self.recorder.clone();
         let bound = self.export_timeout;
-        let _ = tokio::task::spawn_blocking(move || provider.shutdown_with_timeout(bound)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            recorder.stop(); // the lanes' last records into the batch processor first
+            provider.shutdown_with_timeout(bound)
+        })
+        .await;
     }
 }
 
@@ -500,6 +518,8 @@ pub struct RequestSpan(Option<Box<Traced>>);
 
 struct Traced {
     open: Mutex<Open>,
+    /// Where the ended record goes.
+    recorder: Arc<Recorder>,
     /// What Triton gets: this span as the parent. The trace and span ids the log keeps are slices
     /// of it (`TRACE_ID`, `SPAN_ID`): one string made per request, not three.
     traceparent: String,
@@ -533,11 +553,10 @@ fn traceparent_of(context: &SpanContext) -> String {
 }
 
 struct Open {
-    span: Span,
+    /// None once ended (handed to the recorder).
+    record: Option<Record>,
     /// When the last phase ended (an event's sidecar.duration_ms counts from here).
     mark: Instant,
-    events: u32,
-    ended: bool,
 }
 
 impl RequestSpan {
@@ -576,18 +595,20 @@ impl RequestSpan {
     /// the span began or the last phase ended).
     #[inline]
     pub fn phase(&self, name: &'static str) {
-        self.with(|open| {
+        self.with(|mark, record| {
             let now = Instant::now();
-            let ms = (now - open.mark).as_secs_f64() * 1000.0;
-            open.mark = now;
-            add_event(open, name, vec![KeyValue::new("sidecar.duration_ms", ms)]);
+            let ms = (now - *mark).as_secs_f64() * 1000.0;
+            *mark = now;
+            note(record, Noted { name, at: SystemTime::now(), duration_ms: Some(ms), attributes: Vec::new() });
         });
     }
 
     /// A moment inside the span with its attributes (made only when the span records).
     #[inline]
     pub fn event(&self, name: &'static str, attributes: impl FnOnce() -> Vec<KeyValue>) {
-        self.with(|open| add_event(open, name, attributes()));
+        self.with(|_, record| {
+            note(record, Noted { name, at: SystemTime::now(), duration_ms: None, attributes: attributes() });
+        });
     }
 
     /// End the span with the request's outcome: HTTP status, refusal reason ("" for none), bytes
@@ -595,24 +616,9 @@ impl RequestSpan {
     /// the client got (`message` is called only then).
     #[inline]
     pub fn end(&self, status: u16, reason: &str, message: impl FnOnce() -> String, bytes_out: u64) {
-        self.with(|open| {
-            if open.ended {
-                return;
-            }
-            let span = &mut open.span;
-            span.set_attribute(KeyValue::new("http.response.status_code", i64::from(status)));
-            span.set_attribute(KeyValue::new("sidecar.status", status_text(status)));
-            span.set_attribute(KeyValue::new("http.response.body.size", bytes_out as i64));
-            if !reason.is_empty() {
-                span.set_attribute(KeyValue::new("sidecar.refusal.reason", reason.to_owned()));
-            }
-            if !reason.is_empty() || status >= 500 {
-                let label = if reason.is_empty() { "error" } else { reason };
-                span.set_status(Status::error(cut(&format!("[{label}] {}", message()), 500)));
-            }
-            span.end();
-            open.ended = true;
-        });
+        let failed = !reason.is_empty() || status >= 500;
+        let label = if reason.is_empty() { "error" } else { reason };
+        self.finish(Outcome::Http { status }, reason, failed.then(|| describe(label, message())), bytes_out);
     }
 
     /// End a gRPC call's span with its status (number and name), refusal reason ("" for none) and
@@ -620,61 +626,50 @@ impl RequestSpan {
     /// `[reason] message` (`message` is called only then), as sidecar/tracing/otel.py ends its own.
     #[inline]
     pub fn end_grpc(&self, code: (u8, &'static str), reason: &str, message: impl FnOnce() -> String, bytes_out: u64) {
-        self.with(|open| {
-            if open.ended {
-                return;
-            }
-            let span = &mut open.span;
-            span.set_attribute(KeyValue::new("rpc.grpc.status_code", i64::from(code.0)));
-            span.set_attribute(KeyValue::new("sidecar.status", code.1));
-            span.set_attribute(KeyValue::new("rpc.response.body.size", bytes_out as i64));
-            if !reason.is_empty() {
-                span.set_attribute(KeyValue::new("sidecar.refusal.reason", reason.to_owned()));
-            }
-            if !reason.is_empty() || code.0 != 0 {
-                let label = if reason.is_empty() { code.1 } else { reason };
-                span.set_status(Status::error(cut(&format!("[{label}] {}", message()), 500)));
-            }
-            span.end();
-            open.ended = true;
-        });
+        let failed = !reason.is_empty() || code.0 != 0;
+        let label = if reason.is_empty() { code.1 } else { reason };
+        let outcome = Outcome::Grpc { code: code.0, name: code.1 };
+        self.finish(outcome, reason, failed.then(|| describe(label, message())), bytes_out);
     }
 
-    fn with(&self, write: impl FnOnce(&mut Open)) {
+    /// The record, complete, goes to the recorder; a second end finds none and does nothing.
+    fn finish(&self, outcome: Outcome, reason: &str, error: Option<String>, bytes_out: u64) {
+        let Some(traced) = &self.0 else {
+            return;
+        };
+        let record = traced.open.lock().ok().and_then(|mut open| open.record.take());
+        if let Some(mut record) = record {
+            record.end = SystemTime::now();
+            record.outcome = outcome;
+            record.reason = reason.to_owned();
+            record.error = error;
+            record.bytes_out = bytes_out;
+            traced.recorder.push(record);
+        }
+    }
+
+    /// Write to the record while it is open: (when the last phase ended, the record).
+    fn with(&self, write: impl FnOnce(&mut Instant, &mut Record)) {
         if let Some(traced) = &self.0 {
-            if let Ok(mut open) = traced.open.lock() {
-                write(&mut open);
+            if let Ok(mut guard) = traced.open.lock() {
+                let Open { record, mark } = &mut *guard;
+                if let Some(record) = record.as_mut() {
+                    write(mark, record);
+                }
             }
         }
     }
 }
 
-/// The status as the `sidecar.status` attribute: the statuses a front answers with are static
-/// strings (no allocation per span).
-fn status_text(status: u16) -> opentelemetry::Value {
-    let text = match status {
-        200 => "200",
-        400 => "400",
-        403 => "403",
-        404 => "404",
-        408 => "408",
-        413 => "413",
-        422 => "422",
-        429 => "429",
-        499 => "499",
-        500 => "500",
-        502 => "502",
-        503 => "503",
-        504 => "504",
-        _ => return status.to_string().into(),
-    };
-    text.into()
+/// A failed request's error description: `[label] message`, cut as every span's.
+fn describe(label: &str, message: String) -> String {
+    cut(&format!("[{label}] {message}"), 500)
 }
 
-fn add_event(open: &mut Open, name: &'static str, attributes: Vec<KeyValue>) {
-    if open.events < MAX_EVENTS && !open.ended {
-        open.span.add_event(name, attributes);
-        open.events += 1;
+/// An event of a record still open; past MAX_EVENTS, dropped.
+fn note(record: &mut Record, noted: Noted) {
+    if record.events.len() < MAX_EVENTS as usize {
+        record.events.push(noted);
     }
 }
 
@@ -745,6 +740,31 @@ impl SpanProcessor for BoundedProcessor {
     fn set_resource(&mut self, resource: &Resource) {
         self.inner.set_resource(resource);
     }
+}
+
+/// The provider's handle on the processor the recorder shares (its resource set before it was
+/// shared: `set_resource` here has nothing left to do).
+#[derive(Debug)]
+struct SharedProcessor(Arc<BoundedProcessor>);
+
+impl SpanProcessor for SharedProcessor {
+    fn on_start(&self, span: &mut Span, cx: &Context) {
+        self.0.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        self.0.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.0.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, _resource: &Resource) {}
 }
 
 /// The OTLP exporter, with every span the collector took or did not take counted.
