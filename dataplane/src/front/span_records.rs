@@ -12,6 +12,7 @@
 //! and the spans Python writes (`PythonSpan`), which go through its tracer as before.
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -166,8 +167,10 @@ pub fn status_text(status: u16) -> opentelemetry::Value {
 /// Where ended records wait for the recorder's thread, and that thread.
 pub struct Recorder {
     waiting: Arc<Mutex<Vec<Record>>>,
-    /// Records waiting at most (tracing.queue_size): past it a record is dropped and counted, as the
-    /// batch processor's gate drops a span.
+    /// Spans the batch processor holds and no export has taken yet (its gate's count).
+    pending: Arc<AtomicUsize>,
+    /// Records waiting and spans pending at most, together (tracing.queue_size): past it a record is
+    /// dropped and counted, as the batch processor's gate drops a span.
     limit: usize,
     metrics: Arc<RequestMetrics>,
     stop: Mutex<Option<(Sender<()>, JoinHandle<()>)>>,
@@ -175,11 +178,12 @@ pub struct Recorder {
 
 impl Recorder {
     /// Start the thread that hands records on to `processor` (the front's batch processor) `every`
-    /// so often (HAND_ON_EVERY) and when it stops.
+    /// so often (HAND_ON_EVERY) and when it stops; `(pending, limit)`: the processor's count of the
+    /// spans it holds, and tracing.queue_size, which bounds them and the records waiting together.
     pub fn start(
         processor: Arc<dyn SpanProcessor>,
         scope: InstrumentationScope,
-        limit: usize,
+        (pending, limit): (Arc<AtomicUsize>, usize),
         metrics: Arc<RequestMetrics>,
         every: Duration,
     ) -> std::io::Result<Recorder> {
@@ -191,7 +195,7 @@ impl Recorder {
                 .name("sidecar-spans".to_owned())
                 .spawn(move || hand_on(&waiting, processor.as_ref(), &scope, &stop_rx, every))?
         };
-        Ok(Recorder { waiting, limit, metrics, stop: Mutex::new(Some((stop_tx, handle))) })
+        Ok(Recorder { waiting, pending, limit, metrics, stop: Mutex::new(Some((stop_tx, handle))) })
     }
 
     /// An ended record: kept for the thread (no wake: it comes by itself), or dropped and counted
@@ -200,7 +204,7 @@ impl Recorder {
         let Ok(mut waiting) = self.waiting.lock() else {
             return;
         };
-        if waiting.len() >= self.limit {
+        if waiting.len() + self.pending.load(Ordering::Acquire) >= self.limit {
             drop(waiting);
             self.metrics.tracing_spans_dropped.inc(&["queue_full"]);
             return;
@@ -242,8 +246,6 @@ fn hand_on(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
     use opentelemetry::trace::{TraceFlags, TraceId, TraceState};
     use opentelemetry_sdk::error::OTelSdkResult;
     use opentelemetry_sdk::trace::Span;
@@ -311,7 +313,10 @@ mod tests {
         let scope = InstrumentationScope::builder("triton-sidecar").build();
         // Handed on only when it stops: the third record finds two waiting, whatever the machine's load.
         let every = Duration::from_secs(3600);
-        let recorder = Recorder::start(Arc::new(Keep(kept.clone())), scope, 2, metrics.clone(), every).expect("thread");
+        let pending = Arc::new(AtomicUsize::new(0));
+        let bound = (pending.clone(), 2);
+        let recorder =
+            Recorder::start(Arc::new(Keep(kept.clone())), scope, bound, metrics.clone(), every).expect("thread");
         recorder.push(record(1, "", Outcome::Http { status: 200 }, ""));
         recorder.push(record(2, "3", Outcome::Grpc { code: 8, name: "RESOURCE_EXHAUSTED" }, "overloaded"));
         recorder.push(record(3, "", Outcome::Http { status: 200 }, "")); // a third waiting: past the limit
@@ -339,5 +344,10 @@ mod tests {
         // Stopped, it hands nothing on any more.
         recorder.push(record(4, "", Outcome::Http { status: 200 }, ""));
         assert_eq!(kept.ends.load(Ordering::SeqCst), 2);
+        // The processor's pending spans count against the same bound: with one record waiting and
+        // one span pending, a record is refused.
+        pending.store(1, Ordering::SeqCst);
+        recorder.push(record(5, "", Outcome::Http { status: 200 }, ""));
+        assert_eq!(metrics.tracing_spans_dropped.value(&["queue_full"]), Some(2));
     }
 }

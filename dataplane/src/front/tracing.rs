@@ -180,7 +180,8 @@ impl Tracing {
             .build();
         let tracer = provider.tracer(SCOPE);
         let scope = InstrumentationScope::builder(SCOPE).build();
-        let recorder = Recorder::start(processor, scope, settings.queue_size, metrics, HAND_ON_EVERY)
+        let bound = (processor.pending.clone(), settings.queue_size);
+        let recorder = Recorder::start(processor, scope, bound, metrics, HAND_ON_EVERY)
             .map_err(|e| TracingError::Exporter(format!("cannot start the span thread: {e}")))?;
         Ok(Tracing {
             provider,
