@@ -553,8 +553,7 @@ def _tracing(section: TracingSection) -> tuple[str, bytes | None, tuple[bytes, b
             identity = (_read_tracing_file("client_cert_file", section.client_cert_file),
                         _read_tracing_file("client_key_file", section.client_key_file))
     return (section.endpoint, ca_pem, identity, section.sample_rate, section.parent_based, section.service_name,
-            __version__,
-            sorted(section.resource_attributes.items()), section.queue_size, section.batch_size,
+            __version__, sorted(section.resource_attributes.items()), section.queue_size, section.batch_size,
             section.export_delay_s, section.export_timeout_s)
 
 

@@ -201,8 +201,8 @@ class ServingCore:
         # One check for an untraced request; a traced one's span says which version and why, and
         # each phase's end (the Rust lane's events, and the admission's wait: a hold while suspect).
         traced = ctx if ctx is not None and ctx.span is not None else None
-        phase = self.requests.phase
         if traced is not None:
+            phase = self.requests.phase
             routed: dict[str, str] = {"sidecar.routing.reason": route.reason}
             if route.version:
                 routed["sidecar.model.version"] = route.version

@@ -24,6 +24,7 @@ from sidecar.tracing.spans import (
     outcome_attributes,
     request_attributes,
     request_span_name,
+    upstream_trace,
 )
 
 
@@ -54,10 +55,7 @@ class FrontSpans:
         span.set(list(request_attributes(scope, method=method, path=path, route=route).items()))
         scope.span = span
         scope.trace_id, scope.span_id = span.trace_id, span.span_id
-        upstream = [("traceparent", span.traceparent)]
-        if span.tracestate:
-            upstream.append(("tracestate", span.tracestate))
-        scope.upstream_trace = tuple(upstream)
+        scope.upstream_trace = upstream_trace(span.traceparent, span.tracestate)
 
     def annotate(self, scope: TracedRequest, attributes: Attributes) -> None:
         span = scope.span

@@ -43,6 +43,7 @@ from sidecar.tracing.spans import (
     outcome_attributes,
     request_attributes,
     request_span_name,
+    upstream_trace,
 )
 
 log = structlog.get_logger("sidecar.tracing")
@@ -240,10 +241,8 @@ class OtelTracing:
         scope.span = span
         scope.trace_id, scope.span_id = ids
         context = span.get_span_context()
-        upstream = [("traceparent", f"00-{ids[0]}-{ids[1]}-{int(context.trace_flags):02x}")]
-        if context.trace_state:
-            upstream.append(("tracestate", context.trace_state.to_header()))
-        scope.upstream_trace = tuple(upstream)
+        scope.upstream_trace = upstream_trace(f"00-{ids[0]}-{ids[1]}-{int(context.trace_flags):02x}",
+                                              context.trace_state.to_header() if context.trace_state else None)
 
     def annotate(self, scope: TracedRequest, attributes: Attributes) -> None:
         scope.span.set_attributes(attributes)

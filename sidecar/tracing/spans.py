@@ -101,6 +101,11 @@ def request_span_name(scope: TracedRequest, *, method: str, path: str, route: st
     return f"{method} {route}" if route else method
 
 
+def upstream_trace(traceparent: str, tracestate: str | None) -> tuple[tuple[str, str], ...]:
+    """The headers (or gRPC metadata) that make Triton's spans children of a sampled request span."""
+    return (("traceparent", traceparent), ("tracestate", tracestate)) if tracestate else (("traceparent", traceparent),)
+
+
 def request_attributes(scope: TracedRequest, *, method: str, path: str, route: str) -> dict[str, AttributeValue]:
     """A request span's first attributes (what the request is), as the Rust front sets its own."""
     attributes: dict[str, AttributeValue] = {"sidecar.request_id": scope.request_id, "sidecar.protocol": scope.protocol}
