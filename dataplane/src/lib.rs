@@ -18,6 +18,9 @@ pub mod serving;
 
 use pyo3::prelude::*;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[pymodule]
 fn _dataplane(m: &Bound<'_, PyModule>) -> PyResult<()> {
     py::register(m)

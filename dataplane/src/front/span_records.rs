@@ -229,13 +229,17 @@ fn hand_on(
     stop: &Receiver<()>,
     every: Duration,
 ) {
+    // Two buffers swapped, each keeping its capacity: the front pushes into one while this thread
+    // empties the other, so neither grows again by reallocation nor is freed here (a vector of a
+    // few hundred records freed on this thread made the front's allocator consolidate its arena).
+    let mut spare: Vec<Record> = Vec::new();
     loop {
         let stopping = !matches!(stop.recv_timeout(every), Err(RecvTimeoutError::Timeout));
-        let records = match waiting.lock() {
-            Ok(mut waiting) => std::mem::take(&mut *waiting),
+        match waiting.lock() {
+            Ok(mut waiting) => std::mem::swap(&mut *waiting, &mut spare),
             Err(_) => return,
-        };
-        for record in records {
+        }
+        for record in spare.drain(..) {
             processor.on_end(record.span_data(scope));
         }
         if stopping {
