@@ -18,6 +18,11 @@ pub mod serving;
 
 use pyo3::prelude::*;
 
+/// mimalloc for every Rust allocation (Python's own stay on pymalloc and glibc). A sampled request's
+/// span is built on the front's thread and freed on the exporter's, and glibc paid for that twice:
+/// frees into another thread's arena, and `malloc_consolidate` walking the fast bins at each large
+/// allocation (a quarter of the export thread's time). With mimalloc the front's thread paid 2-4 µs
+/// less a traced request (bench/RESULTS.md §1p).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
