@@ -304,6 +304,29 @@ async def test_a_real_nan_fault_is_healed_in_a_trace_of_its_own_with_its_unload_
     assert verified and verified[0]["span_id"] == verify.span_id, verified
 
 
+async def test_the_golden_requests_of_a_traced_probe_round_carry_its_traceparent_and_triton_s_spans_nest_under_it(
+        receiver, traced_triton, start):
+    service = "probing-sidecar"  # this test's own spans, whatever the module's other sidecars export
+    await start(tracing_config(traced_triton, receiver.url, models=["credit_risk"], sample_rate=1.0,
+                               service_name=service))
+
+    def nested() -> tuple[ReceivedSpan, list[ReceivedSpan]] | None:
+        rounds = receiver.find(service=service, name="probe round", attributes={"sidecar.model": "credit_risk"})
+        for round_span in rounds:
+            theirs = receiver.find(trace_id=round_span.trace_id, parent_span_id=round_span.span_id)
+            if theirs:
+                return round_span, theirs
+        return None
+
+    # Rounds come every half second, each traced at rate 1.0; Triton now and then exports none for a
+    # request (TRITON_TRIES says), so the first round it did export one for is judged.
+    found = await wait_for(nested, 20, what="Triton's span under a probe round")
+    assert found is not None
+    round_span, theirs = found
+    assert all(s.service != service for s in theirs), theirs
+    assert round_span.parent_span_id == "", round_span  # a round is a trace of its own
+
+
 async def test_a_grpc_request_continues_the_client_s_trace_and_triton_s_spans_nest_under_the_sidecar_s(
         receiver, traced_triton, start, log_events):
     port = free_port()

@@ -117,7 +117,7 @@ def create_app(
     )
     app[STATES] = states
     if triton is None:
-        triton = _triton_client(config)
+        triton = _triton_client(config, health_spans)
         app.cleanup_ctx.append(_close_on_exit(triton))
     app[TRITON] = triton
     app[WATCH] = TritonWatch(triton=triton, settings=config.probes, metrics=metrics, clock=clock)
@@ -201,13 +201,13 @@ def _tracing(app: web.Application, config: SidecarConfig, metrics: SidecarMetric
     return tracing
 
 
-def _triton_client(config: SidecarConfig) -> TritonClient:
+def _triton_client(config: SidecarConfig, spans: HealthSpans) -> TritonClient:
     headers = {}
     if config.triton.repository_header:
         headers[config.triton.repository_header] = config.triton.repository_token
     longest = max(config.healing.load_timeout_s, config.healing.unload_timeout_s, config.triton.timeout_s)
     return TritonClient(config.triton.url, timeout_s=config.triton.timeout_s,
-                        repository_headers=headers, max_call_s=longest + 5)
+                        repository_headers=headers, max_call_s=longest + 5, trace_headers=spans.current_trace)
 
 
 def _close_on_exit(triton: TritonClient) -> Callable[[web.Application], AsyncIterator[None]]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -89,8 +89,13 @@ class TritonClient:
         timeout_s: float = 5.0,
         repository_headers: Mapping[str, str] | None = None,
         max_call_s: float = 600.0,
+        trace_headers: Callable[[], tuple[tuple[str, str], ...]] = tuple,
     ) -> None:
         self.url = url.rstrip("/")
+        #: The current span's traceparent (and tracestate) when tracing samples it (HealthSpans.
+        #: current_trace): sent with every golden request, so Triton's spans nest under the probe
+        #: round or heal step that asked. () with tracing off.
+        self._trace_headers = trace_headers
         self.timeout_s = timeout_s
         #: Every call is bounded by its own timeout (`_call`); this bounds the session itself, so
         #: that no call can outlive the longest one the settings allow (a load).
@@ -186,7 +191,7 @@ class TritonClient:
         """Send the case's request as JSON, as a client would, and collect the answer: an error status
         is an outcome (golden error cases expect one), except Triton's verdict that the instance is
         dead, which no golden case expects: that raises StubUnhealthy."""
-        body, headers = self._request_body(case)
+        body, headers = self._traced(*self._request_body(case))
         path = _model_path(case.model, case.version) + "/infer"
 
         async def post() -> InferOutcome:
@@ -209,8 +214,8 @@ class TritonClient:
     async def generate_case(self, case: GoldenCase, timeout_s: float | None = None) -> GenerateOutcome:
         """Send a generate case's request as a client would; read a stream event by event."""
         path = _model_path(case.model, case.version) + "/" + case.endpoint
-        body = json.dumps(case.request).encode()
-        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+        body, headers = self._traced(json.dumps(case.request).encode(),
+                                     {"Content-Type": "application/json", "Accept-Encoding": "identity"})
         field_name = case.text.field if case.text is not None else "text_output"
 
         async def post() -> GenerateOutcome:
@@ -248,6 +253,12 @@ class TritonClient:
                 return GenerateOutcome(200, "".join(pieces), "", events, first, loop_time() - started)
 
         return await self._call(post(), timeout_s)
+
+    def _traced(self, body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+        """The headers with the current span's traceparent added when there is one (a copy: the
+        cached request's own stay as they are)."""
+        trace = self._trace_headers()
+        return body, ({**headers, **dict(trace)} if trace else headers)
 
     def _request_body(self, case: GoldenCase) -> tuple[bytes, dict[str, str]]:
         """The request encoded once (tritonclient's encoding, sidecar.health.infer_body) and kept:

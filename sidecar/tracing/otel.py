@@ -205,6 +205,14 @@ class OtelTracing:
     def heal_step(self, step: str, model: str, attempt: int) -> AbstractContextManager[Span]:
         return self._current(self._heal_tracer, step, {"sidecar.model": model, "sidecar.heal.attempt": attempt})
 
+    def current_trace(self) -> tuple[tuple[str, str], ...]:
+        context = trace.get_current_span().get_span_context()
+        if not context.is_valid or not context.trace_flags.sampled:
+            return ()
+        return upstream_trace(
+            f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}",
+            context.trace_state.to_header() if context.trace_state else None)
+
     @contextmanager
     def _current(self, tracer: trace.Tracer, name: str, attributes: Attributes,
                  context: otel_context.Context | None = None) -> Iterator[Span]:

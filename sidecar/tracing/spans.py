@@ -46,6 +46,10 @@ class HealthSpans(Protocol):
         """One step of a heal attempt (unload, load, verify), a child of the episode's span.
         An exception leaving the block marks the span failed with its message, and goes on."""
 
+    def current_trace(self) -> tuple[tuple[str, str], ...]:
+        """The headers that make Triton's spans children of the current span (a probe round's, a heal
+        step's) when it is sampled; () otherwise. The health loop's calls to Triton send them."""
+
 
 class TracedRequest(Protocol):
     """What a request span reads and writes of the request (sidecar.serving.telemetry.RequestContext)."""
@@ -163,6 +167,9 @@ class NoSpans:
 
     def heal_step(self, step: str, model: str, attempt: int) -> AbstractContextManager[Span]:
         return _no_span()
+
+    def current_trace(self) -> tuple[tuple[str, str], ...]:
+        return ()
 
 
 NO_SPANS: HealthSpans = NoSpans()
