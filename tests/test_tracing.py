@@ -477,9 +477,9 @@ async def _stops_within_the_export_bound(sidecars: list, sidecar: Any) -> None:
 #: The front's span names: the method and the route template (http.route).
 HTTP_INFER_SPAN = "POST /v2/models/{model}/infer"
 
-#: The SDK's batch processor's worker thread, as the kernel names it (15 characters of its name): the
-#: front starts one only while tracing is on.
-EXPORT_THREAD = "OpenTelemetry.T"
+#: The front's span thread, which makes its spans OTLP and posts them (dataplane front/span_records.rs):
+#: the front starts one only while tracing is on.
+EXPORT_THREAD = "sidecar-spans"
 
 
 def _rust(config: Any) -> Any:

@@ -19,7 +19,6 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -33,8 +32,8 @@ use opentelemetry_http::{HttpClient, HttpError};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, IdGenerator, RandomIdGenerator, Sampler, SamplingDecision, SdkTracer,
-    SdkTracerProvider, ShouldSample, Span, SpanData, SpanExporter, SpanProcessor,
+    IdGenerator, RandomIdGenerator, Sampler, SamplingDecision, SdkTracer, SdkTracerProvider, ShouldSample, Span,
+    SpanData, SpanExporter,
 };
 use opentelemetry_sdk::Resource;
 
@@ -42,7 +41,7 @@ use crate::metrics::request::RequestMetrics;
 use crate::protocol::pytext::cut;
 
 use super::generate::Endpoint;
-use super::span_records::{status_text, Noted, Outcome, Record, Recorder, HAND_ON_EVERY};
+use super::span_records::{status_text, Batching, Noted, Outcome, QueueProcessor, Record, Recorder, HAND_ON_EVERY};
 use super::upstream::{ClientTls, Upstream};
 
 /// The instrumentation scope of every span (sidecar/tracing/otel.py's SCOPE).
@@ -131,7 +130,7 @@ impl Tracing {
         // The post's own bound is the export's: a collector that takes the connection and never
         // answers costs one export_timeout per batch, never a request's time.
         let upstream = Upstream::with_tls(address, settings.export_timeout, tls);
-        let poster = FrontPoster { upstream: Arc::new(upstream), runtime };
+        let poster = FrontPoster { upstream: Arc::new(upstream), runtime: runtime.clone() };
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_endpoint(settings.endpoint.clone())
@@ -139,23 +138,10 @@ impl Tracing {
             .with_http_client(poster)
             .build()
             .map_err(|e| TracingError::Exporter(e.to_string()))?;
-        let pending = Arc::new(AtomicUsize::new(0));
         for reason in ["queue_full", "export_failed"] {
             metrics.tracing_spans_dropped.add(&[reason], 0);
         }
-        let counted = CountedExporter { inner: exporter, pending: pending.clone(), metrics: metrics.clone() };
-        // Every value given: the builder's defaults would read OTEL_BSP_* from the environment.
-        let config = BatchConfigBuilder::default()
-            .with_max_queue_size(settings.queue_size)
-            .with_max_export_batch_size(settings.batch_size.min(settings.queue_size))
-            .with_scheduled_delay(settings.export_delay)
-            .build();
-        let mut processor = BoundedProcessor {
-            inner: BatchSpanProcessor::new(counted, config),
-            pending,
-            limit: settings.queue_size,
-            metrics: metrics.clone(),
-        };
+        let mut counted = CountedExporter { inner: exporter, metrics: metrics.clone() };
         let ratio = Sampler::TraceIdRatioBased(settings.sample_rate);
         let sampler = if settings.parent_based { Sampler::ParentBased(Box::new(ratio)) } else { ratio };
         let mut attributes = vec![
@@ -169,27 +155,33 @@ impl Tracing {
             .with_service_name(settings.service_name.clone())
             .with_attributes(attributes)
             .build();
-        // The processor is shared by the provider (the spans Python writes) and the recorder (the
-        // lanes'): its resource is set here, as the provider would set it.
-        processor.set_resource(&resource);
-        let processor = Arc::new(processor);
+        // The exporter serves the provider's spans (the ones Python writes) and the lanes' records
+        // alike, on the recorder's thread: its resource is set here, as the provider would set it.
+        counted.set_resource(&resource);
+        let scope = InstrumentationScope::builder(SCOPE).build();
+        let batching = Batching {
+            every: HAND_ON_EVERY,
+            batch_size: settings.batch_size.clamp(1, settings.queue_size.max(1)),
+            export_delay: settings.export_delay,
+            export_timeout: settings.export_timeout,
+            queue_size: settings.queue_size,
+        };
+        let recorder = Recorder::start(counted, scope, batching, metrics, runtime)
+            .map_err(|e| TracingError::Exporter(format!("cannot start the span thread: {e}")))?;
+        let recorder = Arc::new(recorder);
         let provider = SdkTracerProvider::builder()
             .with_sampler(sampler.clone())
             .with_resource(resource)
-            .with_span_processor(SharedProcessor(processor.clone()))
+            .with_span_processor(QueueProcessor(recorder.clone()))
             .build();
         let tracer = provider.tracer(SCOPE);
-        let scope = InstrumentationScope::builder(SCOPE).build();
-        let bound = (processor.pending.clone(), settings.queue_size);
-        let recorder = Recorder::start(processor, scope, bound, metrics, HAND_ON_EVERY)
-            .map_err(|e| TracingError::Exporter(format!("cannot start the span thread: {e}")))?;
         Ok(Tracing {
             provider,
             tracer,
             export_timeout: settings.export_timeout,
             sampler,
             ids: RandomIdGenerator::default(),
-            recorder: Arc::new(recorder),
+            recorder,
         })
     }
 
@@ -215,7 +207,7 @@ impl Tracing {
         let state = context.trace_state().header();
         let traceparent = traceparent_of(&context);
         let now = SystemTime::now();
-        let record = Record {
+        let record = Box::new(Record {
             context,
             parent: parent_id,
             route: opened.route,
@@ -230,7 +222,7 @@ impl Tracing {
             reason: String::new(),
             bytes_out: 0,
             error: None,
-        };
+        });
         RequestSpan(Some(Box::new(Traced {
             open: Mutex::new(Open { record: Some(record), mark: Instant::now() }),
             recorder: self.recorder.clone(),
@@ -307,7 +299,7 @@ impl Tracing {
         let recorder = self.recorder.clone();
         let bound = self.export_timeout;
         let _ = tokio::task::spawn_blocking(move || {
-            recorder.stop(); // the lanes' last records into the batch processor first
+            recorder.stop(); // the last round: every span waiting, lanes' and Python's, posted
             provider.shutdown_with_timeout(bound)
         })
         .await;
@@ -554,8 +546,9 @@ fn traceparent_of(context: &SpanContext) -> String {
 }
 
 struct Open {
-    /// None once ended (handed to the recorder).
-    record: Option<Record>,
+    /// None once ended (handed to the recorder). Boxed: the recorder's queue moves a pointer, not
+    /// the record, into memory its thread touched last.
+    record: Option<Box<Record>>,
     /// When the last phase ended (an event's sidecar.duration_ms counts from here).
     mark: Instant,
 }
@@ -701,79 +694,9 @@ impl Drop for RequestSpan {
     }
 }
 
-/// The batch processor behind a gate of tracing.queue_size spans waiting for export: a span past it
-/// is dropped here and counted (the SDK's own full queue drops silently), so the SDK's queue, of
-/// the same size, never fills and never blocks.
-struct BoundedProcessor {
-    inner: BatchSpanProcessor,
-    /// Spans handed on and not yet taken by an export (`CountedExporter` takes them off).
-    pending: Arc<AtomicUsize>,
-    limit: usize,
-    metrics: Arc<RequestMetrics>,
-}
-
-impl fmt::Debug for BoundedProcessor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BoundedProcessor").field("limit", &self.limit).finish()
-    }
-}
-
-impl SpanProcessor for BoundedProcessor {
-    fn on_start(&self, span: &mut Span, cx: &Context) {
-        self.inner.on_start(span, cx);
-    }
-
-    fn on_end(&self, span: SpanData) {
-        if self.pending.fetch_add(1, Ordering::AcqRel) >= self.limit {
-            self.pending.fetch_sub(1, Ordering::AcqRel);
-            self.metrics.tracing_spans_dropped.inc(&["queue_full"]);
-            return;
-        }
-        self.inner.on_end(span);
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        self.inner.set_resource(resource);
-    }
-}
-
-/// The provider's handle on the processor the recorder shares (its resource set before it was
-/// shared: `set_resource` here has nothing left to do).
-#[derive(Debug)]
-struct SharedProcessor(Arc<BoundedProcessor>);
-
-impl SpanProcessor for SharedProcessor {
-    fn on_start(&self, span: &mut Span, cx: &Context) {
-        self.0.on_start(span, cx);
-    }
-
-    fn on_end(&self, span: SpanData) {
-        self.0.on_end(span);
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.0.force_flush()
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.0.shutdown_with_timeout(timeout)
-    }
-
-    fn set_resource(&mut self, _resource: &Resource) {}
-}
-
 /// The OTLP exporter, with every span the collector took or did not take counted.
 struct CountedExporter {
     inner: opentelemetry_otlp::SpanExporter,
-    pending: Arc<AtomicUsize>,
     metrics: Arc<RequestMetrics>,
 }
 
@@ -786,8 +709,6 @@ impl fmt::Debug for CountedExporter {
 impl SpanExporter for CountedExporter {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let n = batch.len();
-        // Out of the queue now: room for as many new spans while this batch is posted.
-        self.pending.fetch_sub(n, Ordering::AcqRel);
         let result = self.inner.export(batch).await;
         match &result {
             Ok(()) => self.metrics.tracing_spans_exported.add(&[], n as u64),
