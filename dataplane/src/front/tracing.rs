@@ -1,6 +1,6 @@
 //! Tracing on the front (issue 32, docs/tracing.md): one SERVER span per request served on a lane
-//! (infer, generate, generate_stream), made with the OpenTelemetry SDK and exported over OTLP/HTTP
-//! (protobuf) by the SDK's batch processor, as sidecar/tracing/otel.py does for gRPC.
+//! (infer, generate, generate_stream), sampled with the OpenTelemetry SDK, kept as a record while it
+//! runs and exported over OTLP/HTTP (protobuf) in batches by the SDK's exporter (span_records.rs).
 //!
 //! The span continues the client's W3C `traceparent`/`tracestate` (parent-based sampling when
 //! tracing.parent_based), else starts a trace sampled at tracing.sample_rate. When it is sampled,
@@ -8,14 +8,14 @@
 //! it is not, the client's own context goes on to Triton as without tracing.
 //!
 //! Export never blocks a request: an ended span waits on a queue of tracing.queue_size spans that
-//! the SDK's worker thread drains in batches; a span that finds it full is dropped at once, and a
+//! the front's span thread drains in batches; a span that finds it full is dropped at once, and a
 //! batch the collector does not take within tracing.export_timeout_s is lost. Both are counted in
 //! the families Python's exporter counts into (`RequestMetrics::tracing_spans_*`). The exporter
 //! posts through `FrontPoster`, a client on the front's own runtime and hyper stack (no second
 //! HTTP client, no runtime of its own).
 //!
 //! Tracing off (no endpoint) is `Shared::tracing == None`: a request pays one branch, and neither
-//! the SDK's provider nor its worker thread exists.
+//! the SDK's provider nor the span thread exists.
 
 use std::fmt;
 use std::str::FromStr;
@@ -88,7 +88,7 @@ pub enum TracingError {
     Exporter(String),
 }
 
-/// The front's tracer: the SDK's provider (sampler, batch processor, OTLP exporter) and its tracer.
+/// The front's tracer: the SDK's provider (sampler, the span thread's queue) and its tracer.
 pub struct Tracing {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
@@ -101,7 +101,7 @@ pub struct Tracing {
 
 impl Tracing {
     /// Build the provider for `settings`; `runtime`: the front's runtime, which runs the exporter's
-    /// posts. The batch processor's worker thread starts here.
+    /// posts. The span thread starts here.
     pub fn start(
         settings: &TracingSettings,
         metrics: Arc<RequestMetrics>,
@@ -291,7 +291,7 @@ impl Tracing {
         Some(ids)
     }
 
-    /// Export what is queued (bounded by tracing.export_timeout_s) and stop the worker thread. The
+    /// Export what is queued (bounded by tracing.export_timeout_s) and stop the span thread. The
     /// exporter's posts run on the front's runtime: the wait is on a blocking thread, so that even a
     /// one-thread runtime goes on running them meanwhile.
     pub async fn shutdown(&self) {
@@ -727,7 +727,7 @@ impl SpanExporter for CountedExporter {
 }
 
 /// The exporter's HTTP client: each post runs on the front's runtime through `Upstream` (hyper,
-/// keep-alive, bounded by tracing.export_timeout_s), awaited from the SDK's worker thread.
+/// keep-alive, bounded by tracing.export_timeout_s), awaited from the span thread.
 struct FrontPoster {
     upstream: Arc<Upstream>,
     runtime: tokio::runtime::Handle,
