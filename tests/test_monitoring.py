@@ -79,6 +79,11 @@ CONNECTION_METRICS = frozenset({
     "triton_sidecar_http_connection_timeouts_total",
     "triton_sidecar_http_lingering_ends_total",
 })
+#: Tracing's (tracing.endpoint set), per pod: the dashboard's "Tracing" row draws them.
+TRACING_METRICS = frozenset({
+    "triton_sidecar_tracing_spans_exported_total",
+    "triton_sidecar_tracing_spans_dropped_total",
+})
 #: Triton's own, passed through on the same scrape when metrics.include_triton is on.
 TRITON_METRICS = frozenset({
     "nv_inference_request_success",
@@ -96,13 +101,14 @@ METRICS_WITHOUT_MODEL = frozenset({
     # Per pod: a restart of Triton is every model's.
     "triton_sidecar_restart_escalations_total",
     "triton_sidecar_triton_up", "triton_sidecar_triton_ready", "triton_sidecar_build_info", *PROCESS_METRICS,
-    *CONNECTION_METRICS,
+    *CONNECTION_METRICS, *TRACING_METRICS,
 })
 
 CATALOG = frozenset(
     SIDECAR_METRICS
     | TLS_METRICS
     | CONNECTION_METRICS
+    | TRACING_METRICS
     | TRITON_METRICS
     | PROCESS_METRICS
     | {f"{h}{suffix}" for h in SIDECAR_HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
@@ -259,7 +265,7 @@ def test_every_series_follows_the_job_namespace_pod_and_model_pickers() -> None:
 def test_the_dashboard_draws_every_metric_the_sidecar_and_triton_export() -> None:
     drawn = {name for _, expr in dashboard_queries() for name in OUR_METRIC_NAME.findall(expr)}
     drawn |= {re.sub(r"_(bucket|sum|count)$", "", name) for name in drawn}
-    missing = (SIDECAR_METRICS | SIDECAR_HISTOGRAMS | TRITON_METRICS | CONNECTION_METRICS) - drawn
+    missing = (SIDECAR_METRICS | SIDECAR_HISTOGRAMS | TRITON_METRICS | CONNECTION_METRICS | TRACING_METRICS) - drawn
     assert not missing, f"no panel shows {sorted(missing)}"
 
 
