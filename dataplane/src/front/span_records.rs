@@ -32,13 +32,36 @@ use super::tracing::Route;
 /// rare enough to cost nothing; a batch of tracing.batch_size goes as soon as the thread has it.
 pub const HAND_ON_EVERY: Duration = Duration::from_millis(200);
 
-/// One event of a record: a phase's end (`duration_ms` since the previous one) or a moment with
-/// its own attributes (rare: a stream's end).
+/// One event of a record: a phase's end (its `sidecar.duration_ms` counts from the previous phase's
+/// end, or the record's opening) or a moment with its own attributes (rare: a stream's end). One
+/// monotonic clock read each, made wall-clock time on the span thread (`Clock`).
 pub struct Noted {
     pub name: &'static str,
-    pub at: SystemTime,
-    pub duration_ms: Option<f64>,
+    pub at: Instant,
+    pub phase: bool,
     pub attributes: Vec<KeyValue>,
+}
+
+/// The two clocks read together when a record opens: every later moment of the record is a
+/// monotonic reading, turned into wall-clock time from this pair off the request's thread.
+#[derive(Clone, Copy)]
+pub struct Clock {
+    pub instant: Instant,
+    pub wall: SystemTime,
+}
+
+impl Clock {
+    pub fn now() -> Clock {
+        Clock { instant: Instant::now(), wall: SystemTime::now() }
+    }
+
+    /// The wall-clock time of the monotonic reading `at`.
+    pub fn wall(self, at: Instant) -> SystemTime {
+        match at.checked_duration_since(self.instant) {
+            Some(after) => self.wall + after,
+            None => self.wall - self.instant.duration_since(at),
+        }
+    }
 }
 
 /// How a request ended, as its span's last attributes say.
@@ -53,14 +76,17 @@ pub struct Record {
     /// The client's span when it sent a traceparent (remote), else INVALID (a new trace).
     pub parent: SpanId,
     pub route: Route,
-    pub start: SystemTime,
+    /// When the request's head was read: the span's start.
+    pub start: Instant,
+    /// When the record opened (the first phase counts from here), with the wall clock then.
+    pub opened: Clock,
     pub model: String,
     /// The client's pin, "" for none.
     pub version: String,
     pub request_id: String,
     pub body_bytes: usize,
     pub events: Vec<Noted>,
-    pub end: SystemTime,
+    pub end: Instant,
     pub outcome: Outcome,
     /// The refusal reason label, "" for none.
     pub reason: String,
@@ -111,16 +137,20 @@ impl Record {
         if !self.reason.is_empty() {
             attributes.push(KeyValue::new("sidecar.refusal.reason", self.reason));
         }
+        let clock = self.opened;
+        let mut mark = clock.instant;
         let mut events = SpanEvents::default();
         events.events = self
             .events
             .into_iter()
             .map(|noted| {
                 let mut attributes = noted.attributes;
-                if let Some(ms) = noted.duration_ms {
+                if noted.phase {
+                    let ms = noted.at.saturating_duration_since(mark).as_secs_f64() * 1000.0;
                     attributes.push(KeyValue::new("sidecar.duration_ms", ms));
+                    mark = noted.at;
                 }
-                Event::new(noted.name, noted.at, attributes, 0)
+                Event::new(noted.name, clock.wall(noted.at), attributes, 0)
             })
             .collect();
         SpanData {
@@ -129,8 +159,8 @@ impl Record {
             parent_span_is_remote: self.parent != SpanId::INVALID,
             span_kind: SpanKind::Server,
             name: Cow::Borrowed(self.route.span_name()),
-            start_time: self.start,
-            end_time: self.end,
+            start_time: clock.wall(self.start),
+            end_time: clock.wall(self.end),
             attributes,
             dropped_attributes_count: 0,
             events,
@@ -325,7 +355,9 @@ impl<E: SpanExporter> SpanThread<E> {
                     (true, None)
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    self.deadline = Some(Instant::now() + self.batching.export_timeout);
+                    // Dropped without a stop: the front's runtime, which posts, may be gone, so
+                    // nothing more is posted (what waits is counted lost).
+                    self.deadline = Some(Instant::now());
                     (true, None)
                 }
             };
@@ -370,8 +402,12 @@ impl<E: SpanExporter> SpanThread<E> {
         };
         // The last round: what the collector has not taken by the deadline is lost, and counted.
         let left = deadline.saturating_duration_since(Instant::now());
-        let posted = self.runtime.block_on(async { tokio::time::timeout(left, self.exporter.export(spans)).await });
-        posted.unwrap_or_else(|_| {
+        let posted = if left.is_zero() {
+            None // no timer asked of a runtime that may have ended
+        } else {
+            self.runtime.block_on(async { tokio::time::timeout(left, self.exporter.export(spans)).await }).ok()
+        };
+        posted.unwrap_or_else(|| {
             self.metrics.tracing_spans_dropped.add(&["export_failed"], n);
             Err(OTelSdkError::Timeout(self.batching.export_timeout))
         })
@@ -401,8 +437,7 @@ impl SpanProcessor for QueueProcessor {
     }
 
     fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        // Each post is bounded by tracing.export_timeout_s (the exporter's client), so the last
-        // round's wait is too.
+        // The last round waits tracing.export_timeout_s at most (Recorder::stop).
         self.0.stop();
         Ok(())
     }
@@ -447,17 +482,24 @@ mod tests {
             false,
             TraceState::default(),
         );
-        let now = SystemTime::now();
+        let opened = Clock::now();
+        let now = opened.instant;
         Record {
             context,
             parent: SpanId::INVALID,
             route: Route::Http(Endpoint::Infer),
             start: now,
+            opened,
             model: "m".to_owned(),
             version: version.to_owned(),
             request_id: format!("r{n}"),
             body_bytes: 10,
-            events: vec![Noted { name: "validation", at: now, duration_ms: Some(0.5), attributes: Vec::new() }],
+            events: vec![Noted {
+                name: "validation",
+                at: now + Duration::from_micros(500),
+                phase: true,
+                attributes: Vec::new(),
+            }],
             end: now,
             outcome,
             reason: reason.to_owned(),
@@ -499,7 +541,11 @@ mod tests {
             assert_eq!(attribute(first, "http.response.status_code").as_deref(), Some("200"));
             assert_eq!(first.status, Status::Unset);
             assert_eq!(first.events.events[0].name, "validation");
-            assert_eq!(first.events.events[0].attributes[0].key.as_str(), "sidecar.duration_ms");
+            let validation = &first.events.events[0];
+            assert_eq!(validation.attributes[0].key.as_str(), "sidecar.duration_ms");
+            assert_eq!(validation.attributes[0].value, opentelemetry::Value::F64(0.5));
+            // Wall-clock times from the monotonic readings: the event 0.5 ms after the start.
+            assert_eq!(validation.timestamp.duration_since(first.start_time).ok(), Some(Duration::from_micros(500)));
             let second = &spans[1];
             assert_eq!(attribute(second, "sidecar.model.version").as_deref(), Some("3"));
             assert_eq!(attribute(second, "sidecar.routing.reason").as_deref(), Some("pinned"));

@@ -20,7 +20,7 @@
 use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use opentelemetry::trace::{
@@ -41,7 +41,9 @@ use crate::metrics::request::RequestMetrics;
 use crate::protocol::pytext::cut;
 
 use super::generate::Endpoint;
-use super::span_records::{status_text, Batching, Noted, Outcome, QueueProcessor, Record, Recorder, HAND_ON_EVERY};
+use super::span_records::{
+    status_text, Batching, Clock, Noted, Outcome, QueueProcessor, Record, Recorder, HAND_ON_EVERY,
+};
 use super::upstream::{ClientTls, Upstream};
 
 /// The instrumentation scope of every span (sidecar/tracing/otel.py's SCOPE).
@@ -206,25 +208,26 @@ impl Tracing {
             SpanContext::new(trace_id, self.ids.new_span_id(), TraceFlags::SAMPLED, false, sampled.trace_state);
         let state = context.trace_state().header();
         let traceparent = traceparent_of(&context);
-        let now = SystemTime::now();
+        let clock = Clock::now();
         let record = Box::new(Record {
             context,
             parent: parent_id,
             route: opened.route,
-            start: now - opened.started.elapsed(),
+            start: opened.started,
+            opened: clock,
             model: opened.model.to_owned(),
             version: opened.version.to_owned(),
             request_id: opened.request_id.to_owned(),
             body_bytes: opened.body_bytes,
             events: Vec::with_capacity(6),
-            end: now,
+            end: clock.instant,
             outcome: Outcome::Http { status: 0 },
             reason: String::new(),
             bytes_out: 0,
             error: None,
         });
         RequestSpan(Some(Box::new(Traced {
-            open: Mutex::new(Open { record: Some(record), mark: Instant::now() }),
+            open: Mutex::new(Open { record: Some(record) }),
             recorder: self.recorder.clone(),
             traceparent,
             tracestate: (!state.is_empty()).then_some(state),
@@ -549,8 +552,6 @@ struct Open {
     /// None once ended (handed to the recorder). Boxed: the recorder's queue moves a pointer, not
     /// the record, into memory its thread touched last.
     record: Option<Box<Record>>,
-    /// When the last phase ended (an event's sidecar.duration_ms counts from here).
-    mark: Instant,
 }
 
 impl RequestSpan {
@@ -589,19 +590,16 @@ impl RequestSpan {
     /// the span began or the last phase ended).
     #[inline]
     pub fn phase(&self, name: &'static str) {
-        self.with(|mark, record| {
-            let now = Instant::now();
-            let ms = (now - *mark).as_secs_f64() * 1000.0;
-            *mark = now;
-            note(record, Noted { name, at: SystemTime::now(), duration_ms: Some(ms), attributes: Vec::new() });
+        self.with(|record| {
+            note(record, Noted { name, at: Instant::now(), phase: true, attributes: Vec::new() });
         });
     }
 
     /// A moment inside the span with its attributes (made only when the span records).
     #[inline]
     pub fn event(&self, name: &'static str, attributes: impl FnOnce() -> Vec<KeyValue>) {
-        self.with(|_, record| {
-            note(record, Noted { name, at: SystemTime::now(), duration_ms: None, attributes: attributes() });
+        self.with(|record| {
+            note(record, Noted { name, at: Instant::now(), phase: false, attributes: attributes() });
         });
     }
 
@@ -635,7 +633,7 @@ impl RequestSpan {
         };
         let record = traced.open.lock().ok().and_then(|mut open| open.record.take());
         if let Some(mut record) = record {
-            record.end = SystemTime::now();
+            record.end = Instant::now();
             record.outcome = outcome;
             record.reason = reason.to_owned();
             record.error = error();
@@ -644,13 +642,12 @@ impl RequestSpan {
         }
     }
 
-    /// Write to the record while it is open: (when the last phase ended, the record).
-    fn with(&self, write: impl FnOnce(&mut Instant, &mut Record)) {
+    /// Write to the record while it is open.
+    fn with(&self, write: impl FnOnce(&mut Record)) {
         if let Some(traced) = &self.0 {
             if let Ok(mut guard) = traced.open.lock() {
-                let Open { record, mark } = &mut *guard;
-                if let Some(record) = record.as_mut() {
-                    write(mark, record);
+                if let Some(record) = guard.record.as_mut() {
+                    write(record);
                 }
             }
         }
