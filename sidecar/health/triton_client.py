@@ -191,7 +191,8 @@ class TritonClient:
         """Send the case's request as JSON, as a client would, and collect the answer: an error status
         is an outcome (golden error cases expect one), except Triton's verdict that the instance is
         dead, which no golden case expects: that raises StubUnhealthy."""
-        body, headers = self._traced(*self._request_body(case))
+        body, headers = self._request_body(case)
+        headers = self._traced(headers)
         path = _model_path(case.model, case.version) + "/infer"
 
         async def post() -> InferOutcome:
@@ -214,8 +215,8 @@ class TritonClient:
     async def generate_case(self, case: GoldenCase, timeout_s: float | None = None) -> GenerateOutcome:
         """Send a generate case's request as a client would; read a stream event by event."""
         path = _model_path(case.model, case.version) + "/" + case.endpoint
-        body, headers = self._traced(json.dumps(case.request).encode(),
-                                     {"Content-Type": "application/json", "Accept-Encoding": "identity"})
+        body = json.dumps(case.request).encode()
+        headers = self._traced({"Content-Type": "application/json", "Accept-Encoding": "identity"})
         field_name = case.text.field if case.text is not None else "text_output"
 
         async def post() -> GenerateOutcome:
@@ -254,11 +255,11 @@ class TritonClient:
 
         return await self._call(post(), timeout_s)
 
-    def _traced(self, body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
-        """The headers with the current span's traceparent added when there is one (a copy: the
+    def _traced(self, headers: dict[str, str]) -> dict[str, str]:
+        """`headers` with the current span's traceparent added when there is one (a copy: the
         cached request's own stay as they are)."""
         trace = self._trace_headers()
-        return body, ({**headers, **dict(trace)} if trace else headers)
+        return {**headers, **dict(trace)} if trace else headers
 
     def _request_body(self, case: GoldenCase) -> tuple[bytes, dict[str, str]]:
         """The request encoded once (tritonclient's encoding, sidecar.health.infer_body) and kept:

@@ -169,6 +169,12 @@ def _hex_ids(span: trace.Span) -> tuple[str, str] | None:
     return format(context.trace_id, "032x"), format(context.span_id, "016x")
 
 
+def _upstream_of(context: trace.SpanContext) -> tuple[tuple[str, str], ...]:
+    """The traceparent (and tracestate) naming a sampled span as the parent of Triton's spans."""
+    return upstream_trace(f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}",
+                          context.trace_state.to_header() if context.trace_state else None)
+
+
 class _PinnedCaSession(requests.Session):
     """requests lets REQUESTS_CA_BUNDLE (or CURL_CA_BUNDLE) win over a session's own `verify` (its
     issue 3829): the exporter would then ignore tracing.ca_file wherever the image sets those
@@ -209,9 +215,7 @@ class OtelTracing:
         context = trace.get_current_span().get_span_context()
         if not context.is_valid or not context.trace_flags.sampled:
             return ()
-        return upstream_trace(
-            f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}",
-            context.trace_state.to_header() if context.trace_state else None)
+        return _upstream_of(context)
 
     @contextmanager
     def _current(self, tracer: trace.Tracer, name: str, attributes: Attributes,
@@ -248,9 +252,7 @@ class OtelTracing:
             return  # not sampled: the client's own traceparent goes on to Triton, as without tracing
         scope.span = span
         scope.trace_id, scope.span_id = ids
-        context = span.get_span_context()
-        scope.upstream_trace = upstream_trace(f"00-{ids[0]}-{ids[1]}-{int(context.trace_flags):02x}",
-                                              context.trace_state.to_header() if context.trace_state else None)
+        scope.upstream_trace = _upstream_of(span.get_span_context())
 
     def annotate(self, scope: TracedRequest, attributes: Attributes) -> None:
         scope.span.set_attributes(attributes)

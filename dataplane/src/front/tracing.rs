@@ -227,7 +227,7 @@ impl Tracing {
             error: None,
         });
         RequestSpan(Some(Box::new(Traced {
-            open: Mutex::new(Open { record: Some(record) }),
+            open: Mutex::new(Some(record)),
             recorder: self.recorder.clone(),
             traceparent,
             tracestate: (!state.is_empty()).then_some(state),
@@ -513,7 +513,9 @@ fn remote_context(tracestate: Option<&str>) -> impl FnOnce(&str) -> Option<SpanC
 pub struct RequestSpan(Option<Box<Traced>>);
 
 struct Traced {
-    open: Mutex<Open>,
+    /// The record while the request runs; None once ended (handed to the recorder). Boxed: the
+    /// recorder's queue moves a pointer, not the record, into memory its thread touched last.
+    open: Mutex<Option<Box<Record>>>,
     /// Where the ended record goes.
     recorder: Arc<Recorder>,
     /// What Triton gets: this span as the parent. The trace and span ids the log keeps are slices
@@ -546,12 +548,6 @@ fn traceparent_of(context: &SpanContext) -> String {
     out.push('-');
     hex(&mut out, &[context.trace_flags().to_u8()]);
     out
-}
-
-struct Open {
-    /// None once ended (handed to the recorder). Boxed: the recorder's queue moves a pointer, not
-    /// the record, into memory its thread touched last.
-    record: Option<Box<Record>>,
 }
 
 impl RequestSpan {
@@ -631,7 +627,7 @@ impl RequestSpan {
         let Some(traced) = &self.0 else {
             return;
         };
-        let record = traced.open.lock().ok().and_then(|mut open| open.record.take());
+        let record = traced.open.lock().ok().and_then(|mut open| open.take());
         if let Some(mut record) = record {
             record.end = Instant::now();
             record.outcome = outcome;
@@ -646,7 +642,7 @@ impl RequestSpan {
     fn with(&self, write: impl FnOnce(&mut Record)) {
         if let Some(traced) = &self.0 {
             if let Ok(mut guard) = traced.open.lock() {
-                if let Some(record) = guard.record.as_mut() {
+                if let Some(record) = guard.as_mut() {
                     write(record);
                 }
             }
