@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from sidecar.app.factory import apply_config
 from sidecar.app.probe_port import ProbeListener
 from sidecar.fronts.appkeys import LIFECYCLE, SERVING
 from sidecar.fronts.http_front import FRONT_RUNTIME, HttpFront
@@ -251,6 +252,42 @@ async def test_a_model_with_a_rule_file_is_served_and_refused_by_the_front(trito
     await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_rejections_total", protocol="http",
                                           model="credit_risk", reason="business_rule") == 6, 5,
                    what="both halves' business_rule refusals counted")
+
+
+async def test_a_reloaded_rule_file_reaches_the_front(triton, start, tmp_path):
+    path = tmp_path / "credit_risk.schema.json"
+    path.write_text(json.dumps({"x-tensors": {"features": {"maximum": 10}}}))
+    config = _rust(proxy_config(triton, probes={"interval_s": 3600, "jitter": 0.0},
+                                validation={"schemas": {"credit_risk": str(path)}}))
+    sidecar = await started_and_healthy(start, config)
+    front = sidecar.server
+    assert isinstance(front, HttpFront)
+    x = features(1)
+    x[0, 5] = 11.0
+    body = json.dumps({"inputs": [{"name": "features", "shape": [1, 128], "datatype": "FP32",
+                                   "data": x.tolist()}]}).encode()
+
+    async def post() -> tuple[int, dict[str, Any]]:
+        async with sidecar.session.post(sidecar.url + CREDIT, data=body,
+                                        headers={"Content-Type": "application/json"}) as r:
+            return r.status, await r.json()
+
+    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5, what="credit_risk a lane")
+    handed = front.handovers
+    status, doc = await post()
+    assert (status, doc["reason"], front.handovers) == (400, "business_rule", handed)
+    path.write_text(json.dumps({"x-tensors": {"features": {"maximum": 20}}}))
+    apply_config(sidecar.app, config)  # what a reload does: the file is read and compiled again
+
+    async def accepted() -> bool:
+        return (await post())[0] == 200
+
+    await wait_for(accepted, 5, what="the reloaded rule file in force")
+    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5,
+                   what="credit_risk a lane again")
+    handed, served = front.handovers, front.fast_requests
+    assert [(await post())[0] for _ in range(5)] == [200] * 5
+    assert front.handovers == handed and front.fast_requests - served == 5
 
 
 async def test_what_the_front_does_not_serve_is_answered_by_the_python_app_behind_it(triton, start):
