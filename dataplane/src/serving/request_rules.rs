@@ -167,12 +167,60 @@ const BOUND_WORDS: [(&str, Broken); 4] = [
     ("not below the exclusive maximum", std::cmp::Ordering::is_ge),
 ];
 
+/// Formats python-jsonschema's FormatChecker() does not check without packages the sidecar does not
+/// install (rfc3339-validator, rfc3987, uri-template, jsonpointer, isoduration...): annotations only.
+const PYTHON_UNCHECKED_FORMATS: [&str; 10] = [
+    "date-time",
+    "duration",
+    "hostname",
+    "iri",
+    "iri-reference",
+    "json-pointer",
+    "relative-json-pointer",
+    "uri",
+    "uri-reference",
+    "uri-template",
+];
+
+/// "date" as python-jsonschema checks it: YYYY-MM-DD (`date.fromisoformat`), a real day of year 1+.
+fn python_date(s: &str) -> bool {
+    let b = s.as_bytes();
+    let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
+    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' || !digits(0..4) || !digits(5..7) || !digits(8..10) {
+        return false;
+    }
+    let number = |r: std::ops::Range<usize>| b[r].iter().fold(0u32, |n, d| n * 10 + (d - b'0') as u32);
+    let (year, month, day) = (number(0..4), number(5..7), number(8..10));
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let days = match month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return false,
+    };
+    year >= 1 && (1..=days).contains(&day)
+}
+
+/// "time" as python-jsonschema's FormatChecker() checks it without rfc3339-validator:
+/// `datetime.strptime(s, "%H:%M:%S")` (one or two digits each, seconds up to 61).
+fn python_time(s: &str) -> bool {
+    let parts: Vec<&str> = s.split(':').collect();
+    let field = |text: &str, max: u32| {
+        (1..=2).contains(&text.len())
+            && text.bytes().all(|b| b.is_ascii_digit())
+            && text.parse::<u32>().is_ok_and(|v| v <= max)
+    };
+    parts.len() == 3 && field(parts[0], 23) && field(parts[1], 59) && field(parts[2], 61)
+}
+
 /// A model's rule file, compiled once.
 pub struct RequestRules {
     /// The file's name, as refusals quote it ("request breaks credit_risk.json at $: ...").
     file_name: String,
-    /// None when the file has only `x-tensors` (nothing to check on the envelope).
-    envelope: Option<jsonschema::Validator>,
+    /// None when the file has only `x-tensors` (nothing to check on the envelope); with the schema
+    /// itself, which orders the errors as python-jsonschema meets them.
+    envelope: Option<(jsonschema::Validator, Json)>,
     tensors: Vec<(String, TensorRule)>,
 }
 
@@ -206,12 +254,22 @@ impl RequestRules {
         let envelope = if envelope.is_empty() {
             None
         } else {
-            // Formats are checked, as Python's FormatChecker did for the same file.
-            let compiled = jsonschema::draft202012::options()
-                .should_validate_formats(true)
-                .build(&Json::Object(envelope))
+            // Formats are checked as Python's FormatChecker() checked them for the same file: the
+            // ones it knows (with the packages the sidecar installs) by its own rules, the others
+            // left as annotations (a "date-time" it never checked is not refused now).
+            let schema = Json::Object(envelope);
+            let mut options = jsonschema::draft202012::options().should_validate_formats(true);
+            for name in PYTHON_UNCHECKED_FORMATS {
+                options = options.with_format(name, |_: &str| true);
+            }
+            let compiled = options
+                .with_format("email", |s: &str| s.contains('@'))
+                .with_format("idn-email", |s: &str| s.contains('@'))
+                .with_format("date", python_date)
+                .with_format("time", python_time)
+                .build(&schema)
                 .map_err(|e| format!("not a valid Draft 2020-12 schema: {e}"))?;
-            Some(compiled)
+            Some((compiled, schema))
         };
         Ok(RequestRules { file_name: file_name.to_owned(), envelope, tensors })
     }
@@ -219,9 +277,10 @@ impl RequestRules {
     /// Check a request that passed every other check: `doc` its JSON (header), `binary` what follows
     /// the header, `inputs` where each input's values are.
     pub fn check(&self, doc: &Value, binary: &[u8], inputs: &[CheckedInput]) -> Result<(), Refused> {
-        if let Some(envelope) = &self.envelope {
+        if let Some((envelope, schema)) = &self.envelope {
             let instance = envelope_of(doc);
-            let first = envelope.iter_errors(&instance).next();
+            // A request that passes costs one walk; only a refused one has its errors listed.
+            let first = if envelope.is_valid(&instance) { None } else { first_error(schema, envelope, &instance) };
             if let Some(error) = first {
                 let mut at = String::from("$");
                 for segment in error.instance_path() {
@@ -411,6 +470,47 @@ fn half_to_f64(bits: u16) -> f64 {
         31 => f64::NAN,
         e => (1.0 + fraction / 1024.0) * 2f64.powi(e - 15),
     }
+}
+
+/// The error python-jsonschema reports first: it walks the schema depth first, each object's keywords
+/// and `properties` in the file's order, array items in order; the crate walks the request's members
+/// in the request's order. So every error is listed and the one earliest in that walk is taken.
+fn first_error<'i>(
+    schema: &Json,
+    validator: &'i jsonschema::Validator,
+    instance: &'i Json,
+) -> Option<jsonschema::ValidationError<'i>> {
+    use jsonschema::paths::LocationSegment;
+    let order = |error: &jsonschema::ValidationError| -> Vec<usize> {
+        let mut key = Vec::new();
+        let mut node = Some(schema);
+        for segment in error.schema_path() {
+            let (at, next) = match (node, &segment) {
+                (Some(Json::Object(members)), LocationSegment::Property(name)) => {
+                    (members.keys().position(|k| k == name.as_ref()), members.get(name.as_ref()))
+                }
+                (Some(Json::Array(items)), LocationSegment::Index(i)) => (Some(*i), items.get(*i)),
+                _ => (None, None),
+            };
+            key.push(at.unwrap_or(usize::MAX));
+            node = next;
+        }
+        // The same keyword broken at several places: the earlier item first.
+        key.push(usize::MAX);
+        key.extend(error.instance_path().iter().map(|segment| match segment {
+            LocationSegment::Index(i) => i,
+            LocationSegment::Property(_) => 0,
+        }));
+        key
+    };
+    let mut first: Option<(Vec<usize>, jsonschema::ValidationError<'i>)> = None;
+    for error in validator.iter_errors(instance) {
+        let key = order(&error);
+        if first.as_ref().is_none_or(|(best, _)| key < *best) {
+            first = Some((key, error));
+        }
+    }
+    first.map(|(_, error)| error)
 }
 
 /// The request as the schema sees it: every member but each input's `data`.
@@ -713,6 +813,53 @@ mod tests {
         assert_eq!(r.message, "input 'level' breaks credit.json: element 1 = 7 is not one of [1, 2, 3]");
         assert_eq!(half_to_f64(0x3c00), 1.0);
         assert_eq!(half_to_f64(0xc000), -2.0);
+    }
+
+    #[test]
+    fn the_first_error_is_the_one_python_jsonschema_meets_first() {
+        // The schema names parameters before inputs; the request sends inputs first.
+        let spec = ruled(
+            r#"{"properties": {"parameters": {"required": ["tenant"]},
+                               "inputs": {"items": {"properties": {"shape": {"items": {"maximum": 2}}}}}}}"#,
+        );
+        let body = features("[1, 2, 3]").replace(r#""inputs""#, r#""parameters": {}, "inputs""#);
+        assert_eq!(
+            refused(&spec, &body).message,
+            "request breaks credit.json at $.parameters: 'tenant' is a required property"
+        );
+        let body = features("[1, 2, 3]");
+        assert_eq!(
+            refused(&spec, &body).message,
+            "request breaks credit.json at $.inputs[0].shape[0]: 3 is greater than the maximum of 2"
+        );
+    }
+
+    #[test]
+    fn formats_are_checked_as_pythons_format_checker_checks_them() {
+        let spec = ruled(
+            r#"{"properties": {"parameters": {"properties": {"at": {"format": "date-time"}, "t": {"format": "time"},
+                                                             "mail": {"format": "email"}}}}}"#,
+        );
+        let with = |params: &str| {
+            features("[1, 2, 3]").replace(r#""inputs""#, &format!(r#""parameters": {params}, "inputs""#))
+        };
+        // Not checked by Python without rfc3339-validator: an annotation.
+        assert_eq!(check(&spec, with(r#"{"at": "soon"}"#).as_bytes(), None), Ok(()));
+        assert_eq!(check(&spec, with(r#"{"t": "7:05:00", "mail": "ops@"}"#).as_bytes(), None), Ok(()));
+        assert_eq!(
+            refused(&spec, &with(r#"{"t": "12:00:00Z"}"#)).message,
+            "request breaks credit.json at $.parameters.t: '12:00:00Z' is not a 'time'"
+        );
+        assert_eq!(
+            refused(&spec, &with(r#"{"mail": "ops"}"#)).message,
+            "request breaks credit.json at $.parameters.mail: 'ops' is not a 'email'"
+        );
+        assert!(
+            python_date("2024-02-29")
+                && !python_date("2023-02-29")
+                && !python_date("0000-01-01")
+                && !python_date("2024-1-01")
+        );
     }
 
     #[test]
