@@ -10,6 +10,13 @@ __version__: str
 class RequestRefused(ValueError):
     """A request refused before Triton: args are (reason label, message, input name or "")."""
 
+class RequestRules:
+    """A model's rule file compiled once (serving::request_rules): the envelope's JSON Schema and the
+    x-tensors value rules, checked by RequestSpec.validate (400 business_rule)."""
+
+    def __init__(self, file_name: str, schema: str) -> None:
+        """`schema`: the file's JSON text, already checked at start-up; ValueError if it cannot be compiled."""
+
 class RequestSpec:
     """What a valid request to one model (version) looks like (serving::validation::RequestSpec)."""
 
@@ -24,6 +31,7 @@ class RequestSpec:
         max_bytes_element: int,
         reject_non_finite: bool,
         is_hidden: Callable[[str], bool] | None = None,
+        rules: RequestRules | None = None,
     ) -> None: ...
     def validate(self, body: bytes, header_length: int | None = None) -> CheckedBody:
         """Check one infer request body; raises RequestRefused."""

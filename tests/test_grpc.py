@@ -5,6 +5,7 @@ never reach Triton, streams pass each response as it comes, and the health servi
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import queue
 import shutil
@@ -654,3 +655,38 @@ async def test_the_lane_refuses_a_malformed_request_and_withholds_a_nan_answer(t
     assert "NaN/Inf" in details
     assert front.grpc_handovers == handovers, "the lane handed a call to the Python gRPC server"
     assert sidecar.metric("triton_sidecar_proxy_rejections_total", protocol="grpc", model=model, reason="shape") == 1
+
+
+async def test_a_rule_file_refuses_grpc_requests_with_the_words_http_clients_read(triton, start, tmp_path):
+    path = tmp_path / "credit_risk.schema.json"
+    path.write_text(json.dumps({"required": ["id"], "properties": {"id": {"type": "string", "pattern": "^app-"}},
+                                "x-tensors": {"features": {"minimum": -10, "maximum": 10}}}))
+    # No probe round meanwhile: Triton's count of credit_risk's successes must move only with these calls.
+    config = grpc_config(triton, validation={"schemas": {"credit_risk": str(path)}},
+                         probes={"interval_s": 3600, "jitter": 0.0})
+    sidecar = await started_and_healthy(start, config)
+    target = f"127.0.0.1:{config.listen.grpc_port}"
+    good = _credit_request("credit_risk", features(rows=1, seed=3), "app-1").SerializeToString()
+    if GRPC_FRONT == "rust":  # a model with a rule file is a lane: the data plane checks it itself
+        await wait_for(lambda: _served_by_the_lane(sidecar, target, good), 10, what="credit_risk published as a lane")
+    else:
+        assert (await _raw_call(target, "ModelInfer", good))[0] is grpc.StatusCode.OK
+    handovers = sidecar.server.grpc_handovers
+    before = triton_successes(triton, "credit_risk")
+    too_big = features(rows=1, seed=3)
+    too_big[0, 5] = 11.0
+    for request, words in (
+            (_credit_request("credit_risk", features(rows=1, seed=3)),
+             "request breaks credit_risk.schema.json at $: 'id' is a required property"),
+            (_credit_request("credit_risk", features(rows=1, seed=3), "web-1"),
+             "request breaks credit_risk.schema.json at $.id: 'web-1' does not match '^app-'"),
+            (_credit_request("credit_risk", too_big, "app-2"),
+             "input 'features' breaks credit_risk.schema.json: element 5 = 11.0 is above the maximum 10")):
+        code, details, trailing, _ = await _raw_call(target, "ModelInfer", request.SerializeToString())
+        assert (code, trailing.get("x-sidecar-reason"), details) == (
+            grpc.StatusCode.INVALID_ARGUMENT, "business_rule", words)
+    assert triton_successes(triton, "credit_risk") == before, "a refused request reached Triton"
+    if GRPC_FRONT == "rust":
+        assert sidecar.server.grpc_handovers == handovers, "the lane handed a ruled call to the Python gRPC server"
+    assert sidecar.metric("triton_sidecar_proxy_rejections_total", protocol="grpc", model="credit_risk",
+                          reason="business_rule") == 3

@@ -19,12 +19,21 @@ from typing import Any
 
 import aiohttp
 
+from sidecar.app.factory import apply_config
 from sidecar.app.probe_port import ProbeListener
 from sidecar.fronts.appkeys import LIFECYCLE, SERVING
 from sidecar.fronts.http_front import FRONT_RUNTIME, HttpFront
 from sidecar.serving.lifecycle import QUIET_PERIOD_S
 from tests.harness import SLACK_S, wait_for
-from tests.proxy_support import PythonEntries, credit_json, proxy_config, started_and_healthy, triton_successes
+from tests.proxy_support import (
+    PythonEntries,
+    binary_request,
+    credit_json,
+    features,
+    proxy_config,
+    started_and_healthy,
+    triton_successes,
+)
 
 CREDIT = "/v2/models/credit_risk/infer"
 
@@ -170,6 +179,115 @@ async def test_infer_and_generate_pinned_to_a_trusted_version_are_served_by_the_
     # is not routed).
     assert _routed_pinned(sidecar, "credit_risk", "1") - routed[0] == 2 * PINNED_REQUESTS
     assert _routed_pinned(sidecar, TEXT, "1") - routed[1] == PINNED_REQUESTS
+
+
+#: A rule file (validation.schemas): the envelope's JSON Schema and a value rule on the features.
+RULES = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["id"],
+    "properties": {"id": {"type": "string", "pattern": "^app-"}},
+    "x-tensors": {"features": {"minimum": -10, "maximum": 10}},
+}
+
+
+def _with_id(body: bytes, headers: dict[str, str], request_id: str) -> tuple[bytes, dict[str, str]]:
+    """A binary-extension body with `id` set in its JSON header."""
+    split = int(headers["Inference-Header-Content-Length"])
+    header = json.dumps({**json.loads(body[:split]), "id": request_id}).encode()
+    return header + body[split:], {**headers, "Inference-Header-Content-Length": str(len(header))}
+
+
+async def test_a_model_with_a_rule_file_is_served_and_refused_by_the_front(triton, start, tmp_path):
+    path = tmp_path / "credit_risk.schema.json"
+    path.write_text(json.dumps(RULES))
+    sidecar = await started_and_healthy(start, _rust(proxy_config(
+        triton, probes={"interval_s": 3600, "jitter": 0.0}, validation={"schemas": {"credit_risk": str(path)}})))
+    front = sidecar.server
+    assert isinstance(front, HttpFront)
+    core = sidecar.app[SERVING]
+    json_type = {"Content-Type": "application/json"}
+    too_big = features(1)
+    too_big[0, 5] = 11.0
+    requests = {
+        "json within the rules": (json.dumps(credit_json(id="app-1")).encode(), json_type),
+        "binary within the rules": _with_id(*binary_request("features", features(1, seed=3)), "app-2"),
+        "envelope without id": (json.dumps(credit_json()).encode(), json_type),
+        "json value above the maximum": (json.dumps({"id": "app-3", "inputs": [
+            {"name": "features", "shape": [1, 128], "datatype": "FP32", "data": too_big.tolist()}]}).encode(),
+            json_type),
+        "binary value above the maximum": _with_id(*binary_request("features", too_big), "app-4"),
+    }
+
+    async def answers(suffix: str) -> dict[str, tuple[int, bytes]]:
+        out = {}
+        async with aiohttp.ClientSession() as session:
+            for name, (body, headers) in requests.items():
+                async with session.post(sidecar.url + CREDIT + suffix, data=body, headers=headers) as r:
+                    out[name] = (r.status, await r.read())
+        return out
+
+    python_answers = await answers("?via=python")  # a query string is left to the Python chain
+    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5,
+                   what="credit_risk (with its rule file) a lane")
+    before_fast, before_handed = front.fast_requests, front.handovers
+    before_triton = triton_successes(triton, "credit_risk")
+    with PythonEntries(core) as python:
+        front_answers = await answers("")
+    assert python.count == 0
+    assert front.handovers == before_handed
+    assert front.fast_requests - before_fast == len(requests)
+    assert triton_successes(triton, "credit_risk") - before_triton == 2  # the refused ones never reach it
+    assert front_answers == python_answers  # status and body, byte for byte the Python chain's
+    assert front_answers["json within the rules"][0] == front_answers["binary within the rules"][0] == 200
+    refusals = {name: (status, json.loads(body)) for name, (status, body) in front_answers.items() if status != 200}
+    assert refusals["envelope without id"] == (400, {
+        "error": "request breaks credit_risk.schema.json at $: 'id' is a required property",
+        "reason": "business_rule", "model": "credit_risk"})
+    for kind in ("json", "binary"):
+        status, doc = refusals[f"{kind} value above the maximum"]
+        assert (status, doc["reason"], doc["input"]) == (400, "business_rule", "features")
+        assert doc["error"] == ("input 'features' breaks credit_risk.schema.json: element 5 = 11.0 is above the "
+                                "maximum 10")
+    await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_rejections_total", protocol="http",
+                                          model="credit_risk", reason="business_rule") == 6, 5,
+                   what="both halves' business_rule refusals counted")
+
+
+async def test_a_reloaded_rule_file_reaches_the_front(triton, start, tmp_path):
+    path = tmp_path / "credit_risk.schema.json"
+    path.write_text(json.dumps({"x-tensors": {"features": {"maximum": 10}}}))
+    config = _rust(proxy_config(triton, probes={"interval_s": 3600, "jitter": 0.0},
+                                validation={"schemas": {"credit_risk": str(path)}}))
+    sidecar = await started_and_healthy(start, config)
+    front = sidecar.server
+    assert isinstance(front, HttpFront)
+    x = features(1)
+    x[0, 5] = 11.0
+    body = json.dumps({"inputs": [{"name": "features", "shape": [1, 128], "datatype": "FP32",
+                                   "data": x.tolist()}]}).encode()
+
+    async def post() -> tuple[int, dict[str, Any]]:
+        async with sidecar.session.post(sidecar.url + CREDIT, data=body,
+                                        headers={"Content-Type": "application/json"}) as r:
+            return r.status, await r.json()
+
+    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5, what="credit_risk a lane")
+    handed = front.handovers
+    status, doc = await post()
+    assert (status, doc["reason"], front.handovers) == (400, "business_rule", handed)
+    path.write_text(json.dumps({"x-tensors": {"features": {"maximum": 20}}}))
+    apply_config(sidecar.app, config)  # what a reload does: the file is read and compiled again
+
+    async def accepted() -> bool:
+        return (await post())[0] == 200
+
+    await wait_for(accepted, 5, what="the reloaded rule file in force")
+    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5,
+                   what="credit_risk a lane again")
+    handed, served = front.handovers, front.fast_requests
+    assert [(await post())[0] for _ in range(5)] == [200] * 5
+    assert front.handovers == handed and front.fast_requests - served == 5
 
 
 async def test_what_the_front_does_not_serve_is_answered_by_the_python_app_behind_it(triton, start):

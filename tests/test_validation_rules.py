@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from sidecar.serving.refusals import Reason
+from sidecar.serving.request_rules import load_request_rules
 from sidecar.serving.validation import (
     InvalidRequest,
     Limits,
@@ -89,3 +90,27 @@ def test_binary_inputs_are_views_into_the_body() -> None:
     with pytest.raises(InvalidRequest) as caught:
         validate_infer_request(SPEC, header + struct.pack("<4f", 1, float("inf"), 3, 4), len(header))
     assert caught.value.reason is Reason.NON_FINITE and caught.value.input == "features"
+
+
+RULES = {"type": "object", "properties": {"parameters": {"required": ["tenant"]}},
+         "x-tensors": {"features": {"exclusiveMinimum": 0}, "ids": {"enum": [1, 2]}}}
+
+
+@pytest.mark.parametrize("doc, words, input", [
+    ({**_doc(), "parameters": {}}, "request breaks r.json at $.parameters: 'tenant' is a required property", ""),
+    ({**_doc(data=[1, 2, 0, 4]), "parameters": {"tenant": "a"}},
+     "input 'features' breaks r.json: element 2 = 0 is not above the exclusive minimum 0", "features"),
+    ({"inputs": [*_doc()["inputs"], {"name": "ids", "shape": [1, 2], "datatype": "INT64", "data": [2, 3]}],
+      "parameters": {"tenant": "a"}}, "input 'ids' breaks r.json: element 1 = 3 is not one of [1, 2]", "ids"),
+])
+def test_a_rule_file_is_checked_by_the_data_plane_for_both_wires(tmp_path, doc, words, input) -> None:
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(RULES))
+    spec = build_model_spec("m", "", METADATA, CONFIG, limits=Limits(1000, 64, reject_non_finite=True),
+                            rules=load_request_rules(path, model="m"))
+    assert validate_infer_request(spec, json.dumps({**_doc(), "parameters": {"tenant": "a"}}).encode()).elements == 4
+    for check in (lambda: validate_infer_request(spec, json.dumps(doc).encode()),
+                  lambda: validate_decoded_request(spec, doc, b"")):  # the gRPC front's Python chain
+        with pytest.raises(InvalidRequest) as caught:
+            check()
+        assert (caught.value.reason, caught.value.message, caught.value.input) == (Reason.BUSINESS_RULE, words, input)

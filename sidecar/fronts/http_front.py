@@ -328,8 +328,6 @@ class HttpFront:
             if spec is None:
                 self._warm(model)
                 continue
-            if spec.rules is not None:
-                continue  # per-model rule files are checked by the Python chain
             policy = core.policy(model)
             hidden: list[str] | None = None
             if policy.is_hidden is not None:
@@ -350,7 +348,7 @@ class HttpFront:
         policy = core.policy(model)
         pinnable: list[PinnedVersion] = []
         for version, spec in sorted(core.specs.cached_versions(model).items()):
-            if version not in loaded or not version.isdigit() or spec.rules is not None:
+            if version not in loaded or not version.isdigit():
                 continue
             hidden: list[str] | None = None
             if policy.is_hidden is not None:

@@ -1,15 +1,21 @@
-"""Per-model request schema files (JSON Schema + x-tensors value rules): compiled once at start, checked per request."""
+"""Per-model request schema files (JSON Schema + x-tensors value rules): read and checked once at start-up.
+
+The file is checked here (its JSON, its draft, the meta-schema, the shape of `x-tensors`, no rule on
+tensor `data`), where a broken one stops the start with one ConfigError naming file and key. The
+per-request check is the data plane's (`dataplane/src/serving/request_rules.rs`): the file's JSON is
+handed down once, compiled there, and checked by `RequestSpec.validate` for every wire, the Rust front's
+lanes and the Python chain alike (one implementation)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 
+from sidecar._dataplane import RequestRules as NativeRules
 from sidecar.config import ConfigError, ValidationSection
 from sidecar.messages import echo, json_path, short_message
 
@@ -34,23 +40,12 @@ _TENSOR_RULE_SCHEMA: dict[str, Any] = {
 }
 
 @dataclass(frozen=True)
-class TensorRule:
-    """Value rules for one input tensor, checked vectorised (from a schema's `x-tensors`)."""
-
-    minimum: float | None = None
-    maximum: float | None = None
-    exclusive_minimum: float | None = None
-    exclusive_maximum: float | None = None
-    enum: tuple[Any, ...] | None = None
-
-
-@dataclass(frozen=True)
 class RequestRules:
-    """A model's business rules: a compiled JSON Schema for the envelope, and tensor value rules."""
+    """A model's business rules: its file, and the data plane's compiled copy (envelope schema and
+    x-tensors value rules) that every request to the model is checked with."""
 
     path: Path
-    envelope: jsonschema.protocols.Validator | None
-    tensors: Mapping[str, TensorRule] = field(default_factory=dict)
+    native: NativeRules
 
 
 def load_schemas(section: ValidationSection) -> dict[str, RequestRules]:
@@ -95,17 +90,11 @@ def load_request_rules(path: Path | str, *, model: str) -> RequestRules:
             f"{path}: the schema constrains tensor 'data'; tensor values are not walked through JSON Schema "
             "(cost), put value rules under x-tensors: {<input>: {minimum, maximum, enum, ...}}"
         )
-    tensors = {
-        name: TensorRule(
-            minimum=rule.get("minimum"), maximum=rule.get("maximum"),
-            exclusive_minimum=rule.get("exclusiveMinimum"), exclusive_maximum=rule.get("exclusiveMaximum"),
-            enum=tuple(rule["enum"]) if "enum" in rule else None,
-        )
-        for name, rule in tensors_raw.items()
-    }
-    envelope = {k: v for k, v in raw.items() if k != "x-tensors"}
-    validator = jsonschema.Draft202012Validator(envelope, format_checker=jsonschema.FormatChecker())
-    return RequestRules(path=path, envelope=validator if envelope else None, tensors=tensors)
+    try:
+        native = NativeRules(path.name, json.dumps(raw))
+    except ValueError as e:  # what the crate cannot compile that the meta-schema let through
+        raise ConfigError(f"{path}: {e} ({key})") from e
+    return RequestRules(path=path, native=native)
 
 
 def _mentions_data(node: Any) -> bool:
@@ -117,8 +106,3 @@ def _mentions_data(node: Any) -> bool:
     if isinstance(node, list):
         return any(_mentions_data(v) for v in node)
     return False
-
-
-
-
-

@@ -9,15 +9,16 @@ a 4xx that names the field, in the order and the words clients have always read.
 way they do is told there: Triton answers 500, not 400, to what it cannot parse, so everything it
 would choke on is refused here.
 
-What stays here: the spec as Python's serving core holds it, the optional per-model JSON Schema
-files (Draft 2020-12, compiled once at start-up) over the request *envelope* with their `x-tensors`
-rules on values (checked with numpy), and the strict JSON reader the generate bodies and those rule
-files are read with (python-rapidjson, the parser Triton itself uses: duplicate keys refused).
+The per-model rule files (`validation.schemas`: a JSON Schema over the request envelope, `x-tensors`
+rules on values) are checked there too, last, when the spec carries one (`ModelSpec.rules`, handed
+down once). What stays here: the spec as Python's serving core holds it, and the strict JSON reader
+the generate bodies are read with (python-rapidjson, the parser Triton itself uses: duplicate keys
+refused).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ from sidecar._dataplane import CheckedBody, RequestRefused, RequestSpec
 from sidecar.config import ValidationSection
 from sidecar.messages import echo
 from sidecar.serving.refusals import Reason, Refusal
-from sidecar.serving.request_rules import RequestRules, TensorRule
+from sidecar.serving.request_rules import RequestRules
 
 MALFORMED = Reason.MALFORMED
 BUSINESS_RULE = Reason.BUSINESS_RULE
@@ -37,12 +38,6 @@ BUSINESS_RULE = Reason.BUSINESS_RULE
 #: Bytes per element of each fixed-size datatype (BYTES has none; BF16 has no numpy dtype).
 ELEMENT_SIZE = {"BOOL": 1, "UINT8": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8, "INT8": 1, "INT16": 2,
                 "INT32": 4, "INT64": 8, "FP16": 2, "FP32": 4, "FP64": 8, "BF16": 2}
-
-
-#: Little-endian dtypes for viewing binary tensors in place (Triton's binary extension is little-endian).
-_BINARY_DTYPE = {"BOOL": "u1", "UINT8": "<u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8",
-                 "INT8": "<i1", "INT16": "<i2", "INT32": "<i4", "INT64": "<i8",
-                 "FP16": "<f2", "FP32": "<f4", "FP64": "<f8", "BF16": "<u2"}
 
 
 _NUMBER_MODE = rapidjson.NM_NATIVE | rapidjson.NM_NAN
@@ -130,7 +125,8 @@ class ModelSpec:
         object.__setattr__(self, "native", RequestSpec(
             self.model, [(t.name, t.datatype, list(t.shape), t.optional) for t in self.inputs.values()],
             list(self.outputs), sorted(self.hidden_outputs), self.max_batch_size, self.limits.max_elements,
-            self.limits.max_bytes_element, self.limits.reject_non_finite, self.is_hidden))
+            self.limits.max_bytes_element, self.limits.reject_non_finite, self.is_hidden,
+            self.rules.native if self.rules is not None else None))
 
     def refuse(self, reason: Reason, message: str, input: str = "") -> InvalidRequest:
         return InvalidRequest(reason, message, model=self.model, input=input)
@@ -205,20 +201,15 @@ def validate_infer_request(spec: ModelSpec, body: bytes, header_length: int | No
     """Check one infer request body against the model's spec; InvalidRequest says what is wrong.
 
     `header_length` is the Inference-Header-Content-Length (binary tensor extension), or None for a
-    plain JSON body. The checks are the data plane's (`sidecar._dataplane`, Rust); the per-model rule
-    files, when a model has one, are checked here after them.
+    plain JSON body. The checks are the data plane's (`sidecar._dataplane`, Rust), the model's rule
+    file's (when it has one) last among them.
     """
     try:
         native = spec.native.validate(body, header_length)
     except RequestRefused as e:
         reason, message, input = e.args
         raise InvalidRequest(Reason(reason), message, model=spec.model, input=input) from None
-    checked = CheckedRequest(native.elements, native.requested_outputs, native.binary, native=native, body=body)
-    if spec.rules is not None:
-        split = header_length if header_length is not None else len(body)
-        doc = parse_json(memoryview(body)[:split], "inference header" if header_length is not None else "request body")
-        _check_rules_of(spec, spec.rules, doc, checked)
-    return checked
+    return CheckedRequest(native.elements, native.requested_outputs, native.binary, native=native, body=body)
 
 
 def validate_decoded_request(spec: ModelSpec, doc: Mapping[str, Any], binary: bytes | memoryview) -> CheckedRequest:
@@ -231,88 +222,3 @@ def validate_decoded_request(spec: ModelSpec, doc: Mapping[str, Any], binary: by
     """
     header = rapidjson.dumps(doc, number_mode=rapidjson.NM_NAN).encode()
     return validate_infer_request(spec, header + bytes(binary), len(header))
-
-
-def _check_rules_of(spec: ModelSpec, rules: RequestRules, doc: Mapping[str, Any], checked: CheckedRequest) -> None:
-    """The model's rule file over the request that passed the data plane's checks."""
-    body = memoryview(checked.body)
-    json_values: list[tuple[InputSpec, Any]] = []
-    binary_values: list[tuple[InputSpec, memoryview]] = []
-    for name, datatype, shape, index, offset, size in checked.native.layout():
-        tspec = spec.inputs.get(name) or InputSpec(name, datatype, (-1,) * len(shape))
-        if index >= 0:
-            json_values.append((tspec, doc["inputs"][index]["data"]))
-        else:
-            binary_values.append((tspec, body[offset: offset + size]))
-    _check_rules(spec, rules, doc, json_values, binary_values)
-
-
-def _flatten_strings(data: list[Any]) -> list[Any]:
-    """The elements of a nested BYTES `data` list in order (already checked to be strings)."""
-    flat: list[Any] = []
-    stack = [iter(data)]
-    while stack:
-        for value in stack[-1]:
-            if isinstance(value, list):
-                stack.append(iter(value))
-                break
-            flat.append(value)
-        else:
-            stack.pop()
-    return flat
-
-
-def binary_tensor(datatype: str, chunk: memoryview | bytes) -> np.ndarray:
-    """A fixed-size binary tensor viewed in place (no copy)."""
-    return np.frombuffer(chunk, dtype=_BINARY_DTYPE[datatype])
-
-
-def _check_rules(spec: ModelSpec, rules: RequestRules, doc: Mapping[str, Any],
-                 json_values: Sequence[tuple[InputSpec, Any]],
-                 binary_values: Sequence[tuple[InputSpec, memoryview]]) -> None:
-    if rules.envelope is not None:
-        envelope = dict(doc)
-        envelope["inputs"] = [{k: v for k, v in t.items() if k != "data"} for t in doc["inputs"]]
-        error = next(iter(rules.envelope.iter_errors(envelope)), None)
-        if error is not None:
-            where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
-            raise spec.refuse(BUSINESS_RULE, f"request breaks {rules.path.name} at ${where}: "
-                                                  f"{echo(error.message)}")
-    for tspec, data in json_values:
-        rule = rules.tensors.get(tspec.name)
-        if rule is not None:
-            values = (np.array(_flatten_strings(data), dtype=object)
-                      if tspec.datatype == "BYTES" else np.asarray(data))
-            _check_tensor_rule(spec, rules, tspec, rule, values.reshape(-1))
-    for tspec, chunk in binary_values:
-        rule = rules.tensors.get(tspec.name)
-        if rule is not None and tspec.datatype not in ("BYTES", "BF16"):
-            _check_tensor_rule(spec, rules, tspec, rule, binary_tensor(tspec.datatype, chunk))
-
-
-def _check_tensor_rule(spec: ModelSpec, rules: RequestRules, tspec: InputSpec, rule: TensorRule,
-                       values: np.ndarray) -> None:
-    if not values.size:
-        return
-    name = tspec.name
-    where = f"input {name!r} breaks {rules.path.name}"
-    if rule.enum is not None:
-        allowed = np.array(rule.enum, dtype=object if tspec.datatype == "BYTES" else None)
-        ok = np.isin(values, allowed)
-        if not ok.all():
-            i = int(np.argmin(ok))
-            raise spec.refuse(BUSINESS_RULE, f"{where}: element {i} = {echo(values[i].item())} is not one "
-                                                  f"of {echo(list(rule.enum))}", name)
-    if tspec.datatype == "BYTES":
-        return
-    checks = ((rule.minimum, np.less, "below the minimum"), (rule.maximum, np.greater, "above the maximum"),
-              (rule.exclusive_minimum, np.less_equal, "not above the exclusive minimum"),
-              (rule.exclusive_maximum, np.greater_equal, "not below the exclusive maximum"))
-    for bound, breaks, words in checks:
-        if bound is None:
-            continue
-        bad = breaks(values, bound)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise spec.refuse(BUSINESS_RULE, f"{where}: element {i} = {values[i].item()!r} is {words} "
-                                                  f"{bound!r}", name)

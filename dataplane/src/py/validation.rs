@@ -2,6 +2,7 @@
 //! (HTTP and gRPC fronts) until the fronts themselves move into this crate.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
@@ -9,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
 use crate::protocol::json::{self, Value};
+use crate::serving::request_rules;
 use crate::serving::validation::{self, Checked, InputSpec, Limits, Values};
 
 create_exception!(
@@ -17,6 +19,24 @@ create_exception!(
     PyValueError,
     "A request refused before Triton: args are (reason label, message, input name or \"\")."
 );
+
+/// A model's rule file (`validation.schemas.<model>`), compiled once: Python reads and checks the file
+/// at start-up and hands its JSON down; every spec of the model shares it.
+#[pyclass(frozen, module = "sidecar._dataplane")]
+pub struct RequestRules {
+    rules: Arc<request_rules::RequestRules>,
+}
+
+#[pymethods]
+impl RequestRules {
+    /// `file_name`: as refusals quote it; `schema`: the file's JSON text. ValueError says what cannot
+    /// be compiled.
+    #[new]
+    fn new(file_name: &str, schema: &str) -> PyResult<Self> {
+        let rules = request_rules::RequestRules::new(file_name, schema).map_err(PyValueError::new_err)?;
+        Ok(RequestRules { rules: Arc::new(rules) })
+    }
+}
 
 /// What a valid request to one model (version) looks like, built once per spec on the Python side.
 #[pyclass(frozen, module = "sidecar._dataplane")]
@@ -30,7 +50,7 @@ pub struct RequestSpec {
 impl RequestSpec {
     #[new]
     #[pyo3(signature = (model, inputs, outputs, hidden_outputs, max_batch_size, max_elements, max_bytes_element,
-                        reject_non_finite, is_hidden=None))]
+                        reject_non_finite, is_hidden=None, rules=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         model: String,
@@ -42,6 +62,7 @@ impl RequestSpec {
         max_bytes_element: u64,
         reject_non_finite: bool,
         is_hidden: Option<Py<PyAny>>,
+        rules: Option<PyRef<'_, RequestRules>>,
     ) -> Self {
         let inputs = inputs
             .into_iter()
@@ -54,6 +75,7 @@ impl RequestSpec {
             hidden_outputs: hidden_outputs.into_iter().collect::<HashSet<_>>(),
             max_batch_size,
             limits: Limits { max_elements, max_bytes_element, reject_non_finite },
+            rules: rules.map(|r| r.rules.clone()),
         };
         RequestSpec { spec, is_hidden }
     }
@@ -135,6 +157,7 @@ impl CheckedBody {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RequestSpec>()?;
+    m.add_class::<RequestRules>()?;
     m.add_class::<CheckedBody>()?;
     m.add("RequestRefused", m.py().get_type::<RequestRefused>())?;
     Ok(())

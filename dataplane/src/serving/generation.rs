@@ -579,6 +579,7 @@ mod tests {
             hidden_outputs: HashSet::new(),
             max_batch_size: 0,
             limits: Limits { max_elements: 1000, max_bytes_element: 1000, reject_non_finite: true },
+            rules: None,
         }
     }
 

@@ -3,4 +3,5 @@
 pub mod filtering;
 pub mod generation;
 pub mod refusals;
+pub mod request_rules;
 pub mod validation;

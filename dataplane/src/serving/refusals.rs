@@ -22,6 +22,8 @@ pub enum Reason {
     TooManyElements,
     UnknownField,
     TooManyTokens,
+    /// The model's rule file (`validation.schemas`): its JSON Schema or its `x-tensors` rules.
+    BusinessRule,
 }
 
 impl Reason {
@@ -43,6 +45,7 @@ impl Reason {
             Reason::TooManyElements => "too_many_elements",
             Reason::UnknownField => "unknown_field",
             Reason::TooManyTokens => "too_many_tokens",
+            Reason::BusinessRule => "business_rule",
         }
     }
 }

@@ -11,11 +11,13 @@
 //! - Tensor values are walked once, without copies; binary tensors are read in place.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use crate::protocol::datatypes::{element_size, first_non_finite, float_max, int_range, ALL_SORTED};
 use crate::protocol::json::{self, Number, Numbers, Value};
 use crate::protocol::pytext::{echo, echo_str, format_g, repr_str};
 use crate::serving::refusals::{Reason, Refused};
+use crate::serving::request_rules::RequestRules;
 
 /// The request keys Triton reads; any other is refused (a typo would otherwise pass silently).
 const REQUEST_KEYS: [&str; 4] = ["id", "inputs", "outputs", "parameters"];
@@ -88,6 +90,9 @@ pub struct RequestSpec {
     /// 0 = the model does not batch; else the first dim of every input is the batch, 1..max.
     pub max_batch_size: u64,
     pub limits: Limits,
+    /// The model's rule file (`validation.schemas`), compiled once; None for most models, which
+    /// then pay nothing for it.
+    pub rules: Option<Arc<RequestRules>>,
 }
 
 /// Where an input's values are in the request.
@@ -145,6 +150,10 @@ pub fn validate_infer_request(
     let doc =
         json::parse(&body[..split]).map_err(|e| check.refuse(Reason::Malformed, malformed_message(what, &e), ""))?;
     let (elements, requested_outputs, inputs) = check.document(&doc, &body[split..])?;
+    // The rule file is checked last, on a request every other check passed (as it always was).
+    if let Some(rules) = &spec.rules {
+        rules.check(&doc, &body[split..], &inputs)?;
+    }
     Ok(Checked { elements, requested_outputs, binary: split < body.len(), header_length: split, inputs })
 }
 
@@ -1164,6 +1173,7 @@ mod tests {
             hidden_outputs: ["SECRET".to_string()].into_iter().collect(),
             max_batch_size: 8,
             limits: Limits { max_elements: 1000, max_bytes_element: 16, reject_non_finite: true },
+            rules: None,
         }
     }
 
@@ -1282,6 +1292,7 @@ mod tests {
             hidden_outputs: Default::default(),
             max_batch_size: 8,
             limits: Limits { max_elements: 1000, max_bytes_element: 16, reject_non_finite: true },
+            rules: None,
         };
         let body = |datatype: &str, data: &str| {
             format!(r#"{{"inputs": [{{"name": "x", "shape": [2, 4], "datatype": "{datatype}", "data": {data}}}]}}"#)

@@ -546,6 +546,7 @@ mod tests {
                 hidden_outputs: HashSet::new(),
                 max_batch_size: 0,
                 limits: Limits { max_elements: 1 << 20, max_bytes_element: 1 << 20, reject_non_finite: true },
+                rules: None,
             },
             hidden: hidden.map(|h| h.iter().map(|s| s.to_string()).collect()),
             check_non_finite,
