@@ -18,8 +18,10 @@
 
 pub mod channel;
 pub mod document;
+pub mod health;
 pub mod infer;
 pub mod messages;
+pub mod reflection;
 pub mod wire;
 
 use std::convert::Infallible;
@@ -61,6 +63,8 @@ pub struct GrpcFront {
     pub handovers: AtomicU64,
     pub served: AtomicU64,
     pub open_connections: AtomicUsize,
+    /// Turns true when the front stops: the streams the front answers itself (health Watch) end.
+    pub stop: watch::Receiver<bool>,
 }
 
 #[derive(Debug, Clone)]
@@ -85,6 +89,7 @@ impl GrpcFront {
         triton: String,
         settings: GrpcSettings,
         tls: Option<Terminator>,
+        stop: watch::Receiver<bool>,
     ) -> Self {
         GrpcFront {
             shared,
@@ -95,16 +100,22 @@ impl GrpcFront {
             handovers: AtomicU64::new(0),
             served: AtomicU64::new(0),
             open_connections: AtomicUsize::new(0),
+            stop,
         }
     }
 
-    /// One call: the ModelInfer lane when it may serve it, else the Python gRPC server.
+    /// One call: the ModelInfer lane when it may serve it, grpc.health.v1 and server reflection
+    /// here, else the Python gRPC server.
     async fn route(self: Arc<Self>, request: Request<Incoming>) -> Response<GrpcBody> {
-        if request.uri().path() == infer::MODEL_INFER {
-            return infer::serve(self, request).await;
+        match request.uri().path() {
+            infer::MODEL_INFER => infer::serve(self, request).await,
+            health::CHECK | health::WATCH => health::serve(self, request).await,
+            reflection::V1 | reflection::V1ALPHA => reflection::serve(&self, request),
+            _ => {
+                let (parts, body) = request.into_parts();
+                self.pass_through(parts, body.boxed()).await
+            }
         }
-        let (parts, body) = request.into_parts();
-        self.pass_through(parts, body.boxed()).await
     }
 
     /// The call to the Python gRPC server as it came (method, path, metadata, body streamed), its
