@@ -707,6 +707,19 @@ async def test_the_front_answers_health_itself_and_watch_streams_a_real_quaranti
     assert front.grpc_served == served + 6  # three Checks, three Watches
 
 
+@rust_front_only
+async def test_an_open_watch_ends_unavailable_when_the_front_stops(grpc_sidecar):
+    async with grpc.aio.insecure_channel(grpc_sidecar.grpc) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+        assert (await asyncio.wait_for(watch.read(), 5)).status == health_pb2.HealthCheckResponse.SERVING
+        started = time.monotonic()
+        await grpc_sidecar.server.close()
+        assert time.monotonic() - started < 5, "the front's stop waited on an open Watch"
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await asyncio.wait_for(watch.read(), 5)
+        assert ended.value.code() is grpc.StatusCode.UNAVAILABLE, ended.value
+
+
 REFLECTION_V1 = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
 SERVICES = ["grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection",
             SERVICE]

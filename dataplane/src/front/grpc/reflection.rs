@@ -14,6 +14,7 @@
 //! not a ServerReflectionRequest ends the stream INTERNAL, as a server that cannot deserialize does.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::LazyLock;
@@ -444,8 +445,19 @@ impl Reflecting {
                 Deframed::Partial => return,
                 Deframed::Message(message) => match ServerReflectionRequest::decode(message) {
                     Ok(request) => {
-                        let response = self.index.answer(request, &mut self.sent);
-                        self.out.push_back(Frame::data(wire::frame(&response.encode_to_vec())));
+                        // This body is polled on the connection's task: a panic here would end every
+                        // call on the connection, so it is caught and ends this stream alone.
+                        let (index, sent) = (self.index, &mut self.sent);
+                        let answered = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                            wire::frame(&index.answer(request, sent).encode_to_vec())
+                        }));
+                        match answered {
+                            Ok(framed) => self.out.push_back(Frame::data(framed)),
+                            Err(_) => self.end(
+                                wire::INTERNAL,
+                                "the sidecar failed while answering reflection; this is a bug in the sidecar",
+                            ),
+                        }
                     }
                     Err(e) => self.end(wire::INTERNAL, &format!("not a ServerReflectionRequest: {e}")),
                 },
