@@ -532,6 +532,22 @@ async def test_http2_bounds_streams_per_connection_and_idle_connections(triton, 
     assert sidecar.state("credit_risk") is ModelState.HEALTHY
 
 
+async def test_a_connection_past_its_age_closes_after_the_grace_under_an_open_watch(triton, start):
+    # grpcio's grpc.max_connection_age_grace_ms is proxy.upstream_timeout_s: a call still open then
+    # (a Watch never ends by itself) does not keep the connection, whichever front serves the port.
+    config = grpc_config(triton, listen={"grpc_max_connection_age_s": 1}, proxy={"upstream_timeout_s": 1.5})
+    await started_and_healthy(start, config)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{config.listen.grpc_port}") as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+        assert (await asyncio.wait_for(watch.read(), 5)).status == health_pb2.HealthCheckResponse.SERVING
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await asyncio.wait_for(watch.read(), 15)
+        closed_after = time.monotonic() - started
+    assert ended.value.code() is grpc.StatusCode.UNAVAILABLE, ended.value
+    assert closed_after < 6, closed_after  # age (1 s) and grace (1.5 s), not the Watch's whole life
+
+
 @python_front_only
 async def test_a_client_that_pings_too_often_is_sent_goaway(triton, start):
     config = grpc_config(triton, listen={"grpc_min_ping_interval_s": 10})

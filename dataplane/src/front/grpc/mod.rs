@@ -78,7 +78,8 @@ pub struct GrpcSettings {
     /// GOAWAY (None: never).
     pub max_idle: Option<Duration>,
     /// listen.grpc_max_connection_age_s: a connection older than this is sent GOAWAY, its open calls
-    /// finish (None: never).
+    /// finish within proxy.upstream_timeout_s (grpcio's grpc.max_connection_age_grace_ms), then it
+    /// closes (None: never).
     pub max_age: Option<Duration>,
 }
 
@@ -197,7 +198,8 @@ fn subject_header(subject: &str) -> Option<HeaderValue> {
 }
 
 /// One connection's calls until it closes; at stop, when idle past listen.grpc_max_connection_idle_s
-/// or older than listen.grpc_max_connection_age_s: GOAWAY, and the calls open finish. `subject`: the
+/// or older than listen.grpc_max_connection_age_s: GOAWAY, and the calls open finish (those still
+/// open after proxy.upstream_timeout_s end with the connection). `subject`: the
 /// verified client certificate's, set on every call in place of whatever the client sent.
 async fn serve_connection<S>(
     stream: S,
@@ -247,7 +249,10 @@ async fn serve_connection<S>(
         };
         if ending {
             connection.as_mut().graceful_shutdown();
-            let _ = connection.await;
+            // Calls still open after the grace (a health Watch, a stream that never ends) do not
+            // hold the connection: it closes under them, as grpcio's does after
+            // grpc.max_connection_age_grace_ms (proxy.upstream_timeout_s), and the client reconnects.
+            let _ = tokio::time::timeout(front.shared.settings.upstream_timeout, connection).await;
             return;
         }
     }
