@@ -124,6 +124,9 @@ def decode_answer(
     """(model_version, [(name, datatype, shape, values)]) of a 200 infer answer (protocol::answers);
     raises AnswerNotV2. Values: a list for BYTES, else (dtype or None for a binary section, data)."""
 
+def unknown_health_service(service: str) -> str:
+    """grpc.health.v1 Check's NOT_FOUND message for a service that is neither "" nor a guarded model."""
+
 class HttpFront:
     """The data plane's HTTP front on listen.port (sidecar/fronts/http_front.py drives it)."""
 
@@ -178,25 +181,30 @@ class HttpFront:
         tls: tuple[bytes, bytes, bytes | None, list[str], str] | None = None,
     ) -> int:
         """listen.grpc_port on this front's runtime (listen.grpc_front: rust); the bound port.
-        ModelInfer to a lane is served here, every other call passed to 127.0.0.1:back_port. `tls`:
+        ModelInfer to a lane, grpc.health.v1 and server reflection are served here, every other call
+        passed to 127.0.0.1:back_port. `tls`:
         the front's own material (given exactly when the front was started with tls): grpcs, ALPN h2,
         rotated by reload_tls with listen.port."""
     @property
     def grpc_counts(self) -> tuple[int, int]:
-        """(calls handed to the Python gRPC server, ModelInfer calls answered without it)."""
+        """(calls handed to the Python gRPC server, calls answered without it: ModelInfer to a lane,
+        grpc.health.v1, server reflection)."""
     def publish(
         self,
         lanes: list[tuple[str, RequestSpec, list[str] | None, bool, GenerateLimits, float,
                           list[tuple[str, RequestSpec, list[str] | None]]]],
         ended: list[tuple[str, int, bytes, int | None, str, bytes, list[str] | None]],
         health: list[tuple[str, int, bytes, int | None, str]] = ...,
+        serving: list[tuple[str, bool]] | None = ...,
     ) -> None:
         """lanes: (model, spec, hidden outputs or None, look for NaN/Inf, generate limits,
         generation.idle_timeout_s, [(version a client may pin, its spec, its hidden outputs or
         None)]); ended: (model, status, JSON body, Retry-After or None, reason label, the same
         refusal as a stream's error event, the versions whose requests at Triton it ends ("" =
         unversioned) or None for every version); health: (path, status, JSON body or b"",
-        Retry-After or None, reason label or "") for /v2/health/live and /v2/health/ready."""
+        Retry-After or None, reason label or "") for /v2/health/live and /v2/health/ready; serving:
+        grpc.health.v1's status of each service it knows ("" the pod, each guarded model; True for
+        SERVING), None while the gRPC front is grpcio's."""
     def drain_events(self) -> list[tuple[Any, ...]]:
         """Oldest first: ("answered", model, count), ("failed", model, kind, status, detail),
         ("non_finite", model, outputs), ("ended", model, count), ("log", request_id, trace_id, model,

@@ -1,6 +1,8 @@
 """The gRPC front in front of the real shared Triton, driven with tritonclient.grpc and grpc.aio:
 answers equal Triton's own, filtered outputs never leave, the control API is closed, bad tensors
-never reach Triton, streams pass each response as it comes, and the health service answers."""
+never reach Triton, streams pass each response as it comes, the health service answers (on the Rust
+front without Python, Watch following a real quarantine) and, on the Rust front, server reflection
+describes every service."""
 
 from __future__ import annotations
 
@@ -21,11 +23,16 @@ import structlog
 import structlog.testing
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcclient_aio
+from google.protobuf.descriptor_pb2 import FileDescriptorProto
+from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
 from sidecar.config import FilterRule
+from sidecar.devtools import grpc_descriptors
 from sidecar.devtools.tritonserver import free_port
 from sidecar.fronts.appkeys import LIFECYCLE
 from sidecar.fronts.grpc_server import CONTROL, SERVICE
@@ -180,6 +187,10 @@ async def test_shared_memory_and_garbage_are_refused(triton, grpc_sidecar):
     assert code is grpc.StatusCode.INVALID_ARGUMENT and trailing["x-sidecar-reason"] == "malformed"
 
 
+#: Check's words for a name that is neither "" nor a guarded model, whichever front answers.
+UNKNOWN_SERVICE = "unknown service 'no_such_model': '' (the pod) or a guarded model's name"
+
+
 async def test_the_health_service_answers_for_the_pod_and_each_model(grpc_sidecar):
     async with grpc.aio.insecure_channel(grpc_sidecar.grpc) as channel:
         health = health_pb2_grpc.HealthStub(channel)
@@ -189,6 +200,7 @@ async def test_the_health_service_answers_for_the_pod_and_each_model(grpc_sideca
         with pytest.raises(grpc.aio.AioRpcError) as unknown:
             await health.Check(health_pb2.HealthCheckRequest(service="no_such_model"), timeout=5)
         assert unknown.value.code() is grpc.StatusCode.NOT_FOUND
+        assert unknown.value.details() == UNKNOWN_SERVICE
         watch = health.Watch(health_pb2.HealthCheckRequest(service=""))
         first = await asyncio.wait_for(watch.read(), 5)
         watch.cancel()
@@ -521,6 +533,22 @@ async def test_http2_bounds_streams_per_connection_and_idle_connections(triton, 
     assert sidecar.state("credit_risk") is ModelState.HEALTHY
 
 
+async def test_a_connection_past_its_age_closes_after_the_grace_under_an_open_watch(triton, start):
+    # grpcio's grpc.max_connection_age_grace_ms is proxy.upstream_timeout_s: a call still open then
+    # (a Watch never ends by itself) does not keep the connection, whichever front serves the port.
+    config = grpc_config(triton, listen={"grpc_max_connection_age_s": 1}, proxy={"upstream_timeout_s": 1.5})
+    await started_and_healthy(start, config)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{config.listen.grpc_port}") as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+        assert (await asyncio.wait_for(watch.read(), 5)).status == health_pb2.HealthCheckResponse.SERVING
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await asyncio.wait_for(watch.read(), 15)
+        closed_after = time.monotonic() - started
+    assert ended.value.code() is grpc.StatusCode.UNAVAILABLE, ended.value
+    assert closed_after < 6, closed_after  # age (1 s) and grace (1.5 s), not the Watch's whole life
+
+
 @python_front_only
 async def test_a_client_that_pings_too_often_is_sent_goaway(triton, start):
     config = grpc_config(triton, listen={"grpc_min_ping_interval_s": 10})
@@ -690,3 +718,129 @@ async def test_a_rule_file_refuses_grpc_requests_with_the_words_http_clients_rea
         assert sidecar.server.grpc_handovers == handovers, "the lane handed a ruled call to the Python gRPC server"
     assert sidecar.metric("triton_sidecar_proxy_rejections_total", protocol="grpc", model="credit_risk",
                           reason="business_rule") == 3
+
+
+@rust_front_only
+async def test_the_front_answers_health_itself_and_watch_streams_a_real_quarantine_and_heal(
+        triton, fresh_model, start):
+    model = fresh_model.name
+    config = grpc_config(triton, models=[model], golden_dir=fresh_model.golden_dir)
+    sidecar = await started_and_healthy(start, config)
+    front = sidecar.server
+    handovers, served = front.grpc_handovers, front.grpc_served
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{config.listen.grpc_port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", model):
+            answer = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert answer.status == serving, service
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await health.Check(health_pb2.HealthCheckRequest(service="no_such_model"), timeout=5)
+        assert (unknown.value.code(), unknown.value.details()) == (grpc.StatusCode.NOT_FOUND, UNKNOWN_SERVICE)
+        nobody = health.Watch(health_pb2.HealthCheckRequest(service="no_such_model"))
+        assert (await asyncio.wait_for(nobody.read(), 5)).status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+        nobody.cancel()
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=model))
+        pod = health.Watch(health_pb2.HealthCheckRequest(service=""))
+        assert (await asyncio.wait_for(watch.read(), 5)).status == serving
+        assert (await asyncio.wait_for(pod.read(), 5)).status == serving
+        fresh_model.inject("nan")  # the model's answers turn NaN: its golden requests fail, it is quarantined
+        # A Watch sends only a change: the next status on each stream is the quarantine's.
+        assert (await asyncio.wait_for(watch.read(), 30)).status == not_serving
+        assert sidecar.first_transition_to(model, ModelState.UNHEALTHY) is not None
+        assert (await asyncio.wait_for(pod.read(), 5)).status == not_serving
+        # The heal reloads the model (its memory, and the fault, gone): the same streams say so.
+        assert (await asyncio.wait_for(watch.read(), 60)).status == serving
+        assert sidecar.state(model) is ModelState.HEALTHY
+        assert (await asyncio.wait_for(pod.read(), 30)).status == serving
+        watch.cancel()
+        pod.cancel()
+    assert front.grpc_handovers == handovers, "a health call was handed to the Python gRPC server"
+    assert front.grpc_served == served + 6  # three Checks, three Watches
+
+
+@rust_front_only
+async def test_an_open_watch_ends_unavailable_when_the_front_stops(grpc_sidecar):
+    async with grpc.aio.insecure_channel(grpc_sidecar.grpc) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+        assert (await asyncio.wait_for(watch.read(), 5)).status == health_pb2.HealthCheckResponse.SERVING
+        started = time.monotonic()
+        await grpc_sidecar.server.close()
+        assert time.monotonic() - started < 5, "the front's stop waited on an open Watch"
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await asyncio.wait_for(watch.read(), 5)
+        assert ended.value.code() is grpc.StatusCode.UNAVAILABLE, ended.value
+
+
+REFLECTION_V1 = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+SERVICES = ["grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection",
+            SERVICE]
+
+
+def _resolved_over_reflection(target: str) -> dict[str, object]:
+    """What grpcio-reflection's client learns from the sidecar (v1alpha, a stream per question).
+    Synchronous: run it in a thread, the sidecar under test runs on the test's loop."""
+    with grpc.insecure_channel(target) as channel:
+        database = ProtoReflectionDescriptorDatabase(channel)
+        services = sorted(database.get_services())
+        pool = DescriptorPool(database)
+        infer = pool.FindServiceByName(SERVICE).FindMethodByName("ModelInfer")
+        try:
+            database.FindFileContainingSymbol("inference.NoSuchMessage")
+            missing = None
+        except KeyError as e:  # NOT_FOUND in an error_response
+            missing = e
+        # The next question is answered, and an import is resolved with the file that needs it.
+        check = pool.FindServiceByName("grpc.health.v1.Health").FindMethodByName("Check")
+        config = pool.FindMessageTypeByName("inference.ModelConfig")
+        return {"services": services, "infer": (infer.input_type.full_name, infer.output_type.full_name),
+                "missing": missing, "check": check.input_type.full_name, "config": config.file.name}
+
+
+@rust_front_only
+async def test_server_reflection_lists_and_resolves_the_services_without_python(grpc_sidecar):
+    front = grpc_sidecar.server
+    handovers, served = front.grpc_handovers, front.grpc_served
+    got = await asyncio.to_thread(_resolved_over_reflection, grpc_sidecar.grpc)
+    assert got["services"] == SERVICES
+    assert got["infer"] == ("inference.ModelInferRequest", "inference.ModelInferResponse")
+    assert isinstance(got["missing"], KeyError)
+    assert got["check"] == "grpc.health.v1.HealthCheckRequest"
+    assert got["config"] == "model_config.proto"
+    assert front.grpc_served >= served + 4, "the client's streams were not answered by the front"
+    served = front.grpc_served
+    # grpc.reflection.v1, the same messages: each question answered on one stream, in order.
+    request, response = reflection_pb2.ServerReflectionRequest, reflection_pb2.ServerReflectionResponse
+    async with grpc.aio.insecure_channel(grpc_sidecar.grpc) as channel:
+        call = channel.stream_stream(REFLECTION_V1, request_serializer=request.SerializeToString,
+                                     response_deserializer=response.FromString)()
+        answers = []
+        for question in (request(host="h", list_services=""),
+                         request(file_containing_symbol="inference.GRPCInferenceService.ModelInfer"),
+                         request(file_by_filename="no_such.proto"),
+                         request(all_extension_numbers_of_type="inference.ModelInferRequest"),
+                         request(file_containing_extension=reflection_pb2.ExtensionRequest(
+                             containing_type="inference.ModelInferRequest", extension_number=1000))):
+            await call.write(question)
+            answers.append(await asyncio.wait_for(call.read(), 5))
+        await call.done_writing()
+        assert await call.code() is grpc.StatusCode.OK
+    listed, files, no_file, numbers, no_extension = answers
+    assert (listed.valid_host, listed.original_request.list_services) == ("h", "")
+    assert sorted(s.name for s in listed.list_services_response.service) == SERVICES
+    # The symbol's file first, then what it imports (not sent on this stream before).
+    names = [FileDescriptorProto.FromString(b).name for b in files.file_descriptor_response.file_descriptor_proto]
+    assert names == ["grpc_service.proto", "model_config.proto"]
+    not_found = grpc.StatusCode.NOT_FOUND.value[0]
+    assert no_file.error_response.error_code == not_found and "no_such.proto" in no_file.error_response.error_message
+    assert numbers.all_extension_numbers_response.base_type_name == "inference.ModelInferRequest"
+    assert list(numbers.all_extension_numbers_response.extension_number) == []
+    assert no_extension.error_response.error_code == not_found
+    assert front.grpc_handovers == handovers, "a reflection call was handed to the Python gRPC server"
+    assert front.grpc_served == served + 1  # the v1 stream
+
+
+def test_the_vendored_reflection_descriptors_match_the_installed_protocol() -> None:
+    assert grpc_descriptors.VENDORED.read_bytes() == grpc_descriptors.descriptor_set(), (
+        "dataplane/src/front/grpc/descriptors.binpb is not what the installed tritonclient, grpc.health.v1 and "
+        "grpcio-reflection describe: run python -m sidecar.devtools.grpc_descriptors")

@@ -28,10 +28,11 @@ from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
+from sidecar._dataplane import unknown_health_service
 from sidecar.config import SidecarConfig
 from sidecar.fronts.appkeys import CONFIG, GRPC_BACK_PORT, READINESS, SERVING, STATES, TLS, WATCH
 from sidecar.fronts.grpc_tls import GrpcCredentials, front_client_subject, grpc_client_subject, grpc_interceptors
-from sidecar.fronts.http_routes import cohort_of, exposed_extensions
+from sidecar.fronts.http_routes import cohort_of, exposed_extensions, serving_status
 from sidecar.messages import cut
 from sidecar.protocol.answers import BINARY_DTYPES, AnswerTensor
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
@@ -652,7 +653,11 @@ async def _abort(context: grpc.aio.ServicerContext, ctx: RequestContext, refusal
 
 class HealthService(health_pb2_grpc.HealthServicer):
     """grpc.health.v1 for kubelet gRPC probes and grpc-health-probe: service "" is the pod's
-    readiness, a model's name that model (SERVING only while its golden requests pass)."""
+    readiness, a model's name that model (SERVING only while its golden requests pass). With
+    listen.grpc_front: rust the data plane's gRPC front answers these calls itself from the statuses
+    sidecar.fronts.http_front publishes by the same rule (http_routes.serving_status), with the same
+    message for an unknown name (the module's); this class serves the grpcio front, and the calls the
+    Rust front hands over before the first publish or while the control plane is stalled."""
 
     #: How often (s) Watch looks for a change of status.
     WATCH_PERIOD_S = 0.5
@@ -661,19 +666,15 @@ class HealthService(health_pb2_grpc.HealthServicer):
         self.app = app
 
     def _status(self, service: str) -> int | None:
-        if not service:
-            ready = not self.app[READINESS].problems()
-        elif service in self.app[STATES]:
-            ready = not self.app[READINESS].model_problems(service)
-        else:
+        ready = serving_status(self.app, service)
+        if ready is None:
             return None
         return health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
 
     async def Check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         status = self._status(request.service)
         if status is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {cut(request.service)!r}: "
-                                                           "'' (the pod) or a guarded model's name")
+            await context.abort(grpc.StatusCode.NOT_FOUND, unknown_health_service(request.service))
         return health_pb2.HealthCheckResponse(status=status)
 
     async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:

@@ -23,8 +23,10 @@ with listen.port) and the grpcio server behind it stays plaintext on loopback to
 This module is the control plane's side of that boundary:
 - **down**: which models are lanes, with their spec, hidden outputs, NaN screening, generate limits
   and the streams' idle bound, and the refusal owed to requests at Triton (and the error event owed
-  to open streams) when a model stops being trusted: published at once on every state transition,
-  and on a short tick for what changes without one (a spec fetched, a rollout, a reload);
+  to open streams) when a model stops being trusted, the answers of /v2/health/live and /ready and,
+  with the gRPC port on the front, grpc.health.v1's status of the pod and each model: published at
+  once on every state transition, and on a short tick for what changes without one (a spec fetched,
+  a rollout, a reload);
 - **up**: the front's events (passive signals, requests ended at a quarantine, streams ended, the
   sampled access log, panics), drained on the same tick and handed to the health loop and the log as
   the Python chain would have.
@@ -49,7 +51,7 @@ from sidecar._dataplane import HttpFront as NativeFront
 from sidecar.config import ConfigError, TracingSection
 from sidecar.fronts.appkeys import CONFIG, GRPC_BACK_PORT, HEARTBEATS, LIFECYCLE, SERVING, STATES, TLS, WATCH
 from sidecar.fronts.http_listener import SidecarListener
-from sidecar.fronts.http_routes import live_refusal, ready_refusal
+from sidecar.fronts.http_routes import live_refusal, ready_refusal, serving_statuses
 from sidecar.fronts.tls import HANDSHAKE_TIMEOUT_S, ServerTls, TlsFileError, TlsMaterial
 from sidecar.messages import cut
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
@@ -204,7 +206,8 @@ class HttpFront:
 
     @property
     def grpc_served(self) -> int:
-        """ModelInfer calls the data plane's gRPC front answered without Python."""
+        """gRPC calls the data plane's gRPC front answered without Python: ModelInfer to a lane,
+        grpc.health.v1 Check and Watch, server reflection streams."""
         return self._native.grpc_counts[1] if self._native is not None else 0
 
     @property
@@ -381,17 +384,28 @@ class HttpFront:
         return [_canned(path, refusal(self.app))
                 for path, refusal in (("/v2/health/live", live_refusal), ("/v2/health/ready", ready_refusal))]
 
+    def serving(self) -> list[tuple[str, bool]] | None:
+        """grpc.health.v1's status of "" and each guarded model (http_routes.serving_status, the rule
+        the grpcio front's HealthService answers by), for the Rust gRPC front's Check and Watch; None
+        when the gRPC port is not the front's. Published with the rest, at once on a transition, so a
+        Watch sees a change as soon as the health loop makes it."""
+        if not self.grpc_port:
+            return None
+        return serving_statuses(self.app)
+
     def publish(self, *, force: bool = False) -> None:
         if self._native is None:
             return
         lanes, ended = self.lanes()
         health = self.health()
+        serving = self.serving()
         key = (tuple((m, id(s), _names(h), c, id(g), i, tuple((v, id(vs), _names(vh)) for v, vs, vh in p))
                      for m, s, h, c, g, i, p in lanes),
-               tuple((m, s, b, _names(v)) for m, s, b, *_, v in ended), tuple(health))
+               tuple((m, s, b, _names(v)) for m, s, b, *_, v in ended), tuple(health),
+               tuple(serving) if serving is not None else None)
         if key == self._published and not force:
             return
-        self._native.publish(lanes, ended, health)
+        self._native.publish(lanes, ended, health, serving)
         self._published = key
 
     async def _run_tick(self) -> None:

@@ -174,6 +174,24 @@ def ready_refusal(app: web.Application) -> Refusal | None:
     return Refusal(Reason.NOT_READY, "; ".join(problems), problems=problems) if problems else None
 
 
+def serving_status(app: web.Application, service: str) -> bool | None:
+    """grpc.health.v1's status of `service`: True for SERVING, False for NOT_SERVING, None for a name
+    that is neither "" (the pod's readiness) nor a guarded model's (that model's). The grpcio front's
+    HealthService answers by it, and sidecar.fronts.http_front publishes it for the Rust gRPC front."""
+    if not service:
+        return not app[READINESS].problems()
+    if service in app[STATES]:
+        return not app[READINESS].model_problems(service)
+    return None
+
+
+def serving_statuses(app: web.Application) -> list[tuple[str, bool]]:
+    """serving_status of every service it knows: "" and each guarded model."""
+    statuses = [("", serving_status(app, "") is True)]
+    statuses += [(model, serving_status(app, model) is True) for model in app[STATES].names()]
+    return statuses
+
+
 async def server_live(request: web.Request, ctx: RequestContext) -> web.StreamResponse:
     refusal = live_refusal(request.app)
     if refusal is not None:

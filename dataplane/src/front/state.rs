@@ -83,6 +83,11 @@ pub struct Snapshot {
     pub ended: HashMap<String, std::sync::Arc<Ended>>,
     /// By path; a path not here (before Python's first publish) is forwarded to the Python app.
     pub health: HashMap<String, std::sync::Arc<Canned>>,
+    /// grpc.health.v1's answer for each service it knows: "" (the pod's readiness) and every guarded
+    /// model's name, true for SERVING (sidecar.fronts.http_routes.serving_status, the rule grpcio's
+    /// HealthService answers by). None before Python's first publish: the calls go to the Python
+    /// gRPC server.
+    pub serving: Option<HashMap<String, bool>>,
 }
 
 /// The per-model breaker (as sidecar/serving/breaker.py): `capacity` requests at Triton, `queue`

@@ -340,8 +340,8 @@ impl HttpFront {
         let bound = listener.local_addr().map_err(|e| PyOSError::new_err(e.to_string()))?.port();
         let settings = GrpcSettings { max_concurrent_streams, max_connections, max_idle, max_age };
         let back = format!("127.0.0.1:{back_port}");
-        let front = Arc::new(GrpcFront::new(self.shared.clone(), back, triton, settings, terminator));
         let stopped = self.stop.subscribe();
+        let front = Arc::new(GrpcFront::new(self.shared.clone(), back, triton, settings, terminator, stopped.clone()));
         let serving = front.clone();
         self.runtime.spawn(async move {
             if let Ok(listener) = tokio::net::TcpListener::from_std(listener) {
@@ -354,8 +354,8 @@ impl HttpFront {
         Ok(bound)
     }
 
-    /// gRPC calls handed to the Python gRPC server, and ModelInfer calls answered without it
-    /// (0, 0 before serve_grpc).
+    /// gRPC calls handed to the Python gRPC server, and calls answered without it (ModelInfer to a
+    /// lane, grpc.health.v1, server reflection; 0, 0 before serve_grpc).
     #[getter]
     fn grpc_counts(&self) -> (u64, u64) {
         let front = self.grpc.lock().ok().and_then(|g| g.clone());
@@ -434,9 +434,17 @@ impl HttpFront {
     /// non-finite, generate limits, generation.idle_timeout_s, [(version, spec, hidden outputs or
     /// None)]); `ended`: (model, status, JSON body, Retry-After or None, reason label, the streams'
     /// error event, the versions it ends or None for all) for models whose requests at Triton must
-    /// end now; `health`: the answers of /v2/health/live and /ready as Python would give them now.
-    #[pyo3(signature = (lanes, ended, health = Vec::new()))]
-    fn publish(&self, lanes: Vec<LaneTuple<'_>>, ended: Vec<EndedTuple>, health: Vec<CannedTuple>) -> PyResult<()> {
+    /// end now; `health`: the answers of /v2/health/live and /ready as Python would give them now;
+    /// `serving`: grpc.health.v1's status of each service it knows ("" the pod, each guarded model;
+    /// True for SERVING), None while the gRPC front is not this crate's.
+    #[pyo3(signature = (lanes, ended, health = Vec::new(), serving = None))]
+    fn publish(
+        &self,
+        lanes: Vec<LaneTuple<'_>>,
+        ended: Vec<EndedTuple>,
+        health: Vec<CannedTuple>,
+        serving: Option<Vec<(String, bool)>>,
+    ) -> PyResult<()> {
         let mut breakers = self.breakers.lock().map_err(|_| PyRuntimeError::new_err("breakers poisoned"))?;
         let capacity = self.shared.settings.max_in_flight_per_model;
         let mut snapshot = Snapshot::default();
@@ -474,6 +482,7 @@ impl HttpFront {
         for (path, status, body, retry_after, reason) in health {
             snapshot.health.insert(path, Arc::new(Canned { status, body: Bytes::from(body), retry_after, reason }));
         }
+        snapshot.serving = serving.map(|statuses| statuses.into_iter().collect());
         self.shared.publish(snapshot);
         self.shared.watchdog.control_seen();
         Ok(())
@@ -574,6 +583,14 @@ fn bind(address: SocketAddr, backlog: i32) -> std::io::Result<std::net::TcpListe
     Ok(socket.into())
 }
 
+/// grpc.health.v1 Check's NOT_FOUND message for `service` (the grpcio front's HealthService says
+/// what the data plane's gRPC front says).
+#[pyfunction]
+fn unknown_health_service(service: &str) -> String {
+    grpc::health::unknown_service(service)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<HttpFront>()
+    m.add_class::<HttpFront>()?;
+    m.add_function(wrap_pyfunction!(unknown_health_service, m)?)
 }

@@ -132,15 +132,9 @@ fn refusal_message(body: &[u8]) -> String {
 pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>) -> Response<GrpcBody> {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
-    let limit = front.shared.settings.max_body_bytes;
-    let body = match read_message(body, limit).await {
+    let body = match read_call(&front, body).await {
         Ok(body) => body,
-        Err(Read::TooLarge(size)) => {
-            // grpcio's own refusal of a message over grpc.max_receive_message_length.
-            let message = format!("Received message larger than max ({size} vs. {limit})");
-            return wire::answer(wire::RESOURCE_EXHAUSTED, &message, false, None, &[]);
-        }
-        Err(Read::Failed(e)) => return wire::answer(wire::CANCELLED, &e, false, None, &[]),
+        Err(refused) => return refused,
     };
     let Some(call) = lane_call(&front, &parts.headers, &body, started) else {
         return front.pass_through(parts, super::collected(body)).await;
@@ -188,6 +182,22 @@ struct AbortOnDrop(tokio::task::AbortHandle);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// A unary call's body (validation.max_body_bytes at most), or grpcio's answer when it cannot be
+/// read: RESOURCE_EXHAUSTED past the bound (in grpcio's words), CANCELLED when the client's stream
+/// broke off.
+pub(super) async fn read_call(front: &GrpcFront, body: Incoming) -> Result<Bytes, Response<GrpcBody>> {
+    let limit = front.shared.settings.max_body_bytes;
+    match read_message(body, limit).await {
+        Ok(body) => Ok(body),
+        Err(Read::TooLarge(size)) => {
+            // grpcio's own refusal of a message over grpc.max_receive_message_length.
+            let message = format!("Received message larger than max ({size} vs. {limit})");
+            Err(wire::answer(wire::RESOURCE_EXHAUSTED, &message, false, None, &[]))
+        }
+        Err(Read::Failed(e)) => Err(wire::answer(wire::CANCELLED, &e, false, None, &[])),
     }
 }
 

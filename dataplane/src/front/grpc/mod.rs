@@ -18,8 +18,10 @@
 
 pub mod channel;
 pub mod document;
+pub mod health;
 pub mod infer;
 pub mod messages;
+pub mod reflection;
 pub mod wire;
 
 use std::convert::Infallible;
@@ -61,6 +63,8 @@ pub struct GrpcFront {
     pub handovers: AtomicU64,
     pub served: AtomicU64,
     pub open_connections: AtomicUsize,
+    /// Turns true when the front stops: the streams the front answers itself (health Watch) end.
+    pub stop: watch::Receiver<bool>,
 }
 
 #[derive(Debug, Clone)]
@@ -74,7 +78,8 @@ pub struct GrpcSettings {
     /// GOAWAY (None: never).
     pub max_idle: Option<Duration>,
     /// listen.grpc_max_connection_age_s: a connection older than this is sent GOAWAY, its open calls
-    /// finish (None: never).
+    /// finish within proxy.upstream_timeout_s (grpcio's grpc.max_connection_age_grace_ms), then it
+    /// closes (None: never).
     pub max_age: Option<Duration>,
 }
 
@@ -85,6 +90,7 @@ impl GrpcFront {
         triton: String,
         settings: GrpcSettings,
         tls: Option<Terminator>,
+        stop: watch::Receiver<bool>,
     ) -> Self {
         GrpcFront {
             shared,
@@ -95,16 +101,22 @@ impl GrpcFront {
             handovers: AtomicU64::new(0),
             served: AtomicU64::new(0),
             open_connections: AtomicUsize::new(0),
+            stop,
         }
     }
 
-    /// One call: the ModelInfer lane when it may serve it, else the Python gRPC server.
+    /// One call: the ModelInfer lane when it may serve it, grpc.health.v1 and server reflection
+    /// here, else the Python gRPC server.
     async fn route(self: Arc<Self>, request: Request<Incoming>) -> Response<GrpcBody> {
-        if request.uri().path() == infer::MODEL_INFER {
-            return infer::serve(self, request).await;
+        match request.uri().path() {
+            infer::MODEL_INFER => infer::serve(self, request).await,
+            health::CHECK | health::WATCH => health::serve(self, request).await,
+            reflection::V1 | reflection::V1ALPHA => reflection::serve(&self, request),
+            _ => {
+                let (parts, body) = request.into_parts();
+                self.pass_through(parts, body.boxed()).await
+            }
         }
-        let (parts, body) = request.into_parts();
-        self.pass_through(parts, body.boxed()).await
     }
 
     /// The call to the Python gRPC server as it came (method, path, metadata, body streamed), its
@@ -186,7 +198,8 @@ fn subject_header(subject: &str) -> Option<HeaderValue> {
 }
 
 /// One connection's calls until it closes; at stop, when idle past listen.grpc_max_connection_idle_s
-/// or older than listen.grpc_max_connection_age_s: GOAWAY, and the calls open finish. `subject`: the
+/// or older than listen.grpc_max_connection_age_s: GOAWAY, and the calls open finish (those still
+/// open after proxy.upstream_timeout_s end with the connection). `subject`: the
 /// verified client certificate's, set on every call in place of whatever the client sent.
 async fn serve_connection<S>(
     stream: S,
@@ -236,7 +249,10 @@ async fn serve_connection<S>(
         };
         if ending {
             connection.as_mut().graceful_shutdown();
-            let _ = connection.await;
+            // Calls still open after the grace (a health Watch, a stream that never ends) do not
+            // hold the connection: it closes under them, as grpcio's does after
+            // grpc.max_connection_age_grace_ms (proxy.upstream_timeout_s), and the client reconnects.
+            let _ = tokio::time::timeout(front.shared.settings.upstream_timeout, connection).await;
             return;
         }
     }

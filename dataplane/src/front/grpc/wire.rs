@@ -25,7 +25,9 @@ pub const OK: Code = Code(0, "OK");
 pub const CANCELLED: Code = Code(1, "CANCELLED");
 pub const INVALID_ARGUMENT: Code = Code(3, "INVALID_ARGUMENT");
 pub const DEADLINE_EXCEEDED: Code = Code(4, "DEADLINE_EXCEEDED");
+pub const NOT_FOUND: Code = Code(5, "NOT_FOUND");
 pub const RESOURCE_EXHAUSTED: Code = Code(8, "RESOURCE_EXHAUSTED");
+pub const UNIMPLEMENTED: Code = Code(12, "UNIMPLEMENTED");
 pub const INTERNAL: Code = Code(13, "INTERNAL");
 pub const UNAVAILABLE: Code = Code(14, "UNAVAILABLE");
 
@@ -173,6 +175,84 @@ impl Body for Unary {
     }
 }
 
+/// The trailers that end a call: grpc-status and, unless empty, grpc-message (percent-encoded).
+pub fn trailers(code: Code, message: &str) -> HeaderMap {
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from(u16::from(code.0)));
+    if !message.is_empty() {
+        if let Ok(value) = HeaderValue::from_str(&percent_encode(message)) {
+            trailers.insert("grpc-message", value);
+        }
+    }
+    trailers
+}
+
+/// A streaming answer's headers, its body what `frames` receives (messages, then the trailers);
+/// dropped by hyper when the client resets the stream, which closes the sending side.
+pub fn streamed(frames: tokio::sync::mpsc::Receiver<Frame<Bytes>>) -> Response<GrpcBody> {
+    let mut response = Response::new(Streamed(frames).boxed());
+    response.headers_mut().insert("content-type", HeaderValue::from_static(CONTENT_TYPE));
+    response
+}
+
+struct Streamed(tokio::sync::mpsc::Receiver<Frame<Bytes>>);
+
+impl Body for Streamed {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        self.0.poll_recv(cx).map(|frame| frame.map(Ok))
+    }
+}
+
+/// Reads gRPC's framing from a request body as its bytes come: each whole message, in order.
+#[derive(Default)]
+pub struct Deframer {
+    buf: BytesMut,
+}
+
+/// What the deframer found next.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Deframed {
+    Message(Bytes),
+    /// Not whole yet: more bytes needed.
+    Partial,
+    /// The compressed flag set (the front accepts no grpc-encoding).
+    Compressed,
+    /// A message declared longer than the bound, with its length.
+    TooLarge(usize),
+}
+
+impl Deframer {
+    pub fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+    }
+
+    /// Bytes received that are not a whole message yet.
+    pub fn pending(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn next(&mut self, limit: usize) -> Deframed {
+        if self.buf.len() < 5 {
+            return Deframed::Partial;
+        }
+        if self.buf[0] != 0 {
+            return Deframed::Compressed;
+        }
+        let length = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        if length > limit {
+            return Deframed::TooLarge(length);
+        }
+        if self.buf.len() < 5 + length {
+            return Deframed::Partial;
+        }
+        let mut message = self.buf.split_to(5 + length);
+        Deframed::Message(message.split_off(5).freeze())
+    }
+}
+
 /// A body of bytes already in hand (a request collected, then handed on).
 pub fn full(bytes: Bytes) -> GrpcBody {
     http_body_util::Full::new(bytes).map_err(|never| match never {}).boxed()
@@ -239,6 +319,23 @@ mod tests {
         compressed[0] = 1;
         assert_eq!(single_message(&Bytes::from(compressed)), None);
         assert_eq!(single_message(&Bytes::from_static(&[0, 0, 0, 0, 4, b'a'])), None);
+    }
+
+    #[test]
+    fn messages_are_read_back_across_frames_and_refused_when_compressed_or_too_long() {
+        let mut deframer = Deframer::default();
+        let two = [frame(b"ab"), frame(b"")].concat();
+        deframer.push(&two[..3]);
+        assert_eq!(deframer.next(100), Deframed::Partial);
+        deframer.push(&two[3..]);
+        assert_eq!(deframer.next(100), Deframed::Message(Bytes::from_static(b"ab")));
+        assert_eq!(deframer.next(100), Deframed::Message(Bytes::new()));
+        assert_eq!((deframer.next(100), deframer.pending()), (Deframed::Partial, 0));
+        deframer.push(&frame(b"abc"));
+        assert_eq!(deframer.next(2), Deframed::TooLarge(3));
+        let mut compressed = Deframer::default();
+        compressed.push(&[1, 0, 0, 0, 0]);
+        assert_eq!(compressed.next(100), Deframed::Compressed);
     }
 
     #[test]
