@@ -597,6 +597,8 @@ mod tests {
             max_in_flight_per_model: 4,
             queue_size_per_model: 4,
             block_non_finite_outputs: true,
+            hold_during_heal: Duration::ZERO,
+            hold_while_suspect: Duration::ZERO,
             access_log_sample_rate: 0.0,
             watchdog_stall: Duration::from_secs(60),
         };
