@@ -11,10 +11,9 @@ all run on its runtime thread(s), after the front's own admission (front/admissi
 quarantined is refused, held for its heal or while a failed round is confirmed, and an unpinned
 request routed to the fallback version, as Admission.admit and Router.route do). Everything else
 (kubelet endpoints, /metrics, metadata, a version whose spec is not fetched yet or that is not
-loaded, a rollout, a stream to a model on hold, a per-model rule file, a drift reference) is
-handed, with the very bytes the client sent, to the
-Python listener (sidecar.fronts.http_listener) on a loopback port behind it, which answers exactly
-as before.
+loaded, a rollout, a stream to a version a partial quarantine spares, a per-model rule file, a
+drift reference) is handed, with the very bytes the client sent, to the Python listener
+(sidecar.fronts.http_listener) on a loopback port behind it, which answers exactly as before.
 
 With `tls.cert_file` set the front terminates TLS itself (rustls, dataplane/src/front/tls.rs): the
 PEM bytes ServerTls loaded and checked are handed down at start and at every rotation its watch

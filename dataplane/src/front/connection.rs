@@ -454,8 +454,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         };
         let snapshot = self.shared.state.load();
         let lane = snapshot.lanes.get(model)?.clone();
-        if endpoint == Endpoint::GenerateStream && (!snapshot.plain(model) || lane.stale) {
-            return None; // a stream to a model on hold, suspect or its spec being fetched: the Python chain's
+        if endpoint == Endpoint::GenerateStream && !snapshot.whole(model) {
+            return None; // a stream to a version a partial quarantine spares: the Python chain's
         }
         // The route (routing.Router.route without a rollout): the pin, else the fallback Python
         // chose while Triton's choice is not trusted, else Triton's choice.

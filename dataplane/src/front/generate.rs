@@ -117,8 +117,10 @@ pub(super) fn non_finite_message(model: &str, outputs: &[String]) -> String {
 async fn answer(shared: &Shared, request: &mut Infer) -> Reply {
     shared.injected_panic.strike(&request.model);
     lane::routed(shared, request);
-    if let Err(refused) = lane::admitted(shared, request).await {
-        return refused;
+    match lane::admitted(shared, request).await {
+        Err(refused) => return refused,
+        Ok(Some(fresh)) => request.lane = fresh,
+        Ok(None) => {}
     }
     let request = &*request;
     let model = request.model.as_str();

@@ -107,8 +107,10 @@ pub(super) fn logged(shared: &Shared, failed: bool) -> bool {
 async fn answer(shared: &Shared, request: &mut Infer) -> Reply {
     shared.injected_panic.strike(&request.model);
     routed(shared, request);
-    if let Err(refused) = admitted(shared, request).await {
-        return refused;
+    match admitted(shared, request).await {
+        Err(refused) => return refused,
+        Ok(Some(fresh)) => request.lane = fresh,
+        Ok(None) => {}
     }
     let request = &*request;
     let model = request.model.as_str();
@@ -258,9 +260,9 @@ pub(super) fn routed(shared: &Shared, request: &Infer) {
 /// Admission (front/admission.rs) for the version the request goes to: Err is its refusal, counted
 /// as a rejection. A request admission held or refused gets the span's "admission" phase, as the
 /// Python chain's; one served at once (a trusted model's) has none, as before. A request held for a
-/// heal goes on with the lane published after it (its spec fetched anew), as the Python chain's
-/// fetches the spec after its hold.
-pub(super) async fn admitted(shared: &Shared, request: &mut Infer) -> Result<(), Reply> {
+/// heal (or read with a stale lane) goes on with the lane published after it, its spec fetched anew
+/// (Some), as the Python chain's fetches the spec after its hold; None: the lane it was read with.
+pub(super) async fn admitted(shared: &Shared, request: &Infer) -> Result<Option<Arc<Lane>>, Reply> {
     use super::admission::{admit, at_once, fresh_lane, Admitted};
     let model = request.model.as_str();
     let admitted = if at_once(shared, model, &request.version) {
@@ -271,11 +273,9 @@ pub(super) async fn admitted(shared: &Shared, request: &mut Infer) -> Result<(),
         admitted.map_err(|reply| rejected(shared, model, reply))?
     };
     if admitted == Admitted::AfterHold || request.lane.stale {
-        if let Some(lane) = fresh_lane(shared, model, &request.version).await {
-            request.lane = lane;
-        }
+        return Ok(fresh_lane(shared, model, &request.version).await);
     }
-    Ok(())
+    Ok(None)
 }
 
 /// The refusal Python published for a model that stopped being trusted, for the version a request

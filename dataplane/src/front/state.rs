@@ -123,11 +123,17 @@ impl Snapshot {
         self.guards.get(model).is_some_and(|guard| guard.suspect)
     }
 
-    /// Served as a trusted model is, with no admission to wait for: what the paths that do not
-    /// hold or route (streams, the gRPC lane) serve; any other request to the model is the Python
-    /// chain's there.
+    /// Served as a trusted model is, with no admission to wait for: what the gRPC lane serves (it
+    /// has no admission); any other call to the model is grpcio's chain's.
     pub fn plain(&self, model: &str) -> bool {
         self.serves(model) && !self.suspect(model)
+    }
+
+    /// Trusted or untrusted as a whole (not quarantined for some versions alone): a stream the
+    /// front admits. A stream ends when its model stops serving, so one to a version a partial
+    /// quarantine spares stays the Python chain's, which watches that version's trust instead.
+    pub fn whole(&self, model: &str) -> bool {
+        self.guards.contains_key(model) && self.ended.get(model).is_none_or(|ended| ended.versions.is_none())
     }
 }
 
