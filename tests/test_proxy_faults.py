@@ -151,6 +151,37 @@ async def test_requests_held_during_a_heal_are_held_and_served_by_the_front_with
     assert not admission.holding, admission.holding
 
 
+async def test_a_client_that_leaves_while_held_by_the_front_frees_its_hold_and_is_counted_499(
+        triton, fresh_model, start):
+    """A request held for a heal that does not come (healing off): its client gives up, and the
+    front's hold ends with it (Admission.holding back to zero, 499 counted), long before the bound."""
+    model = fresh_model.name
+    config = proxy_config(triton, models=[model], golden_dir=fresh_model.golden_dir,
+                          healing={"enabled": False}, proxy={"hold_during_heal_s": 60})
+    sidecar = await started_and_healthy(start, replace(config, listen=replace(config.listen, front="rust")))
+    front = sidecar.server
+    assert isinstance(front, HttpFront)
+    await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]}, 5, what=f"{model} a lane")
+    fresh_model.inject("nan")
+    await wait_for(lambda: sidecar.state(model) is ModelState.UNHEALTHY, 20, what="UNHEALTHY")
+    admission = sidecar.app[SERVING].admission
+    handovers = front.handovers
+
+    async def post() -> None:
+        async with aiohttp.ClientSession() as s, s.post(sidecar.url + _infer_path(model), json=credit_json()) as r:
+            await r.read()
+
+    held = asyncio.create_task(post())
+    await wait_for(lambda: admission.holding[model] == 1, 10, what="the request held by the front")
+    held.cancel()
+    await asyncio.gather(held, return_exceptions=True)
+    await wait_for(lambda: not admission.holding, 5, what="the hold ended with its client")
+    await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_requests_total", protocol="http", model=model,
+                                          code="499") == 1, 5, what="499 counted")
+    assert front.handovers == handovers
+    assert not sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="held_timeout")
+
+
 @pytest.mark.parametrize("fault", ["nan", "kill_stub"])
 async def test_passive_signals_detect_a_fault_long_before_the_probe_interval(fault, triton, fresh_model, start):
     model = fresh_model.name
