@@ -165,6 +165,11 @@ async def test_requests_held_while_suspect_are_refused_when_the_confirmation_fai
     model = fresh_model.name
     sidecar = await start(_hold_config(triton, fresh_model))
     await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what=f"{model} HEALTHY")
+    front = sidecar.server
+    if isinstance(front, HttpFront):  # held and refused by the front's own admission
+        await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]} and front.settled, 10,
+                       what=f"{model} a lane")
+    handovers = front.handovers if isinstance(front, HttpFront) else 0
 
     # Wrong answers from now on, each 0.2 s late: the confirmation fails, slowly enough to be held for.
     answers = await _held_requests(sidecar, model, lambda: fresh_model.inject("slow_drift"))
@@ -175,4 +180,6 @@ async def test_requests_held_while_suspect_are_refused_when_the_confirmation_fai
     assert sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="suspect_refused") >= 1
     assert sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="suspect_released") in (
         None, 0.0)
+    if isinstance(front, HttpFront):
+        assert front.handovers == handovers, f"{front.handovers - handovers} requests handed to the Python app"
     await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 30, what=f"{model} healed")
