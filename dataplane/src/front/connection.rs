@@ -457,10 +457,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         if endpoint == Endpoint::GenerateStream && !snapshot.whole(model) {
             return None; // a stream to a version a partial quarantine spares: the Python chain's
         }
-        // The route (routing.Router.route without a rollout): the pin, else the fallback Python
-        // chose while Triton's choice is not trusted, else Triton's choice.
+        // The route of infer and generate (routing.Router.route without a rollout): the pin, else
+        // the fallback Python chose while Triton's choice is not trusted, else Triton's choice. A
+        // stream is not routed (OpenStream.join admits the version it names, "" for Triton's).
         let (version, fallback) = match snapshot.guards.get(model) {
-            Some(guard) if version.is_empty() && !guard.fallback.is_empty() => (guard.fallback.as_str(), true),
+            Some(guard) if version.is_empty() && !guard.fallback.is_empty() && endpoint != Endpoint::GenerateStream => {
+                (guard.fallback.as_str(), true)
+            }
             _ => (version, false),
         };
         // A version only when it is loaded and its spec published (admission then judges it as the

@@ -404,7 +404,6 @@ fn failed_mid_stream(shared: &Shared, model: &str, failure: Failure) -> Ending {
 /// (OpenStream._screened and _judge): the events before it still go out.
 fn screened(shared: &Shared, request: &Infer, lane: &Lane, events: Vec<Bytes>) -> (Vec<Bytes>, Option<Ending>) {
     let model = request.model.as_str();
-
     let hidden = |name: &str| lane.is_hidden(name);
     let filter: Option<&dyn Fn(&str) -> bool> = if lane.hidden.is_some() { Some(&hidden) } else { None };
     let mut out = Vec::with_capacity(events.len());
