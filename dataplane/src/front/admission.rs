@@ -211,6 +211,61 @@ mod tests {
         Arc::new(Shared::new(settings, nowhere, upstream, metrics, Arc::new(Events::default())))
     }
 
+    /// A lane of `m` whose spec names its one input `input`; `stale` as published.
+    fn lane(input: &str, stale: bool) -> Arc<Lane> {
+        use crate::front::state::Breaker;
+        use crate::serving::generation::GenerateLimits;
+        use crate::serving::validation::{InputSpec, Limits, RequestSpec};
+        use std::collections::HashSet;
+        Arc::new(Lane {
+            spec: RequestSpec {
+                model: "m".into(),
+                inputs: vec![InputSpec {
+                    name: input.into(),
+                    datatype: "FP32".into(),
+                    shape: vec![1],
+                    optional: false,
+                }],
+                outputs: vec![],
+                hidden_outputs: HashSet::new(),
+                max_batch_size: 0,
+                limits: Limits { max_elements: 1 << 20, max_bytes_element: 1 << 20, reject_non_finite: true },
+            },
+            hidden: None,
+            check_non_finite: true,
+            breaker: Arc::new(Breaker::new(1)),
+            generate: GenerateLimits {
+                max_text_bytes: 0,
+                max_tokens: 0,
+                token_limit_keys: HashSet::new(),
+                parameters: HashSet::new(),
+            },
+            stream_idle: Duration::from_secs(1),
+            versions: HashMap::new(),
+            stale,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_request_read_with_a_stale_lane_goes_on_with_the_one_published_with_the_new_spec() {
+        let shared = shared(Duration::ZERO, Duration::ZERO);
+        let mut snapshot = Snapshot::default();
+        snapshot.guards.insert("m".into(), Guard::default());
+        snapshot.lanes.insert("m".into(), lane("old", true));
+        shared.publish(snapshot);
+        let waiting = tokio::spawn({
+            let shared = shared.clone();
+            async move { fresh_lane(&shared, "m", "").await.map(|lane| lane.spec.inputs[0].name.clone()) }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished(), "a stale lane is not the fresh one");
+        let mut snapshot = Snapshot::default();
+        snapshot.guards.insert("m".into(), Guard::default());
+        snapshot.lanes.insert("m".into(), lane("new", false));
+        shared.publish(snapshot);
+        assert_eq!(waiting.await.expect("no panic").as_deref(), Some("new"));
+    }
+
     /// `m` guarded; `quarantined`: its whole-model refusal published; `suspect` as given.
     fn publish(shared: &Shared, guarded: bool, quarantined: bool, suspect: bool) {
         let mut snapshot = Snapshot::default();
