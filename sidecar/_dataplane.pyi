@@ -69,6 +69,8 @@ class RequestMetrics:
     def routed(self, model: str, version: str, reason: str) -> None: ...
     def requests(self, protocol: str, model: str, code: str) -> int: ...
     def routed_count(self, model: str, version: str, reason: str) -> int: ...
+    def quarantined(self, model: str, outcome: str, n: int = 1) -> None: ...
+    def quarantined_count(self, model: str, outcome: str) -> int: ...
     def in_flight_add(self, model: str, delta: int) -> None: ...
     def queued_add(self, model: str, delta: int) -> None: ...
     def connection_opened(self, delta: int) -> None: ...
@@ -159,6 +161,9 @@ class HttpFront:
     @property
     def in_flight(self) -> int: ...
     @property
+    def holding(self) -> list[tuple[str, int]]:
+        """Requests the front holds for a heal now: [(model, count)], models with none left out."""
+    @property
     def upstream_pool(self) -> tuple[int, int, int, int]:
         """(connections opened, calls that reused one, idle now, open now) to Triton."""
     @property
@@ -192,19 +197,23 @@ class HttpFront:
     def publish(
         self,
         lanes: list[tuple[str, RequestSpec, list[str] | None, bool, GenerateLimits, float,
-                          list[tuple[str, RequestSpec, list[str] | None]]]],
+                          list[tuple[str, RequestSpec, list[str] | None]], bool]],
         ended: list[tuple[str, int, bytes, int | None, str, bytes, list[str] | None]],
         health: list[tuple[str, int, bytes, int | None, str]] = ...,
         serving: list[tuple[str, bool]] | None = ...,
+        guards: list[tuple[str, bool, bool, str]] | None = ...,
     ) -> None:
         """lanes: (model, spec, hidden outputs or None, look for NaN/Inf, generate limits,
         generation.idle_timeout_s, [(version a client may pin, its spec, its hidden outputs or
-        None)]); ended: (model, status, JSON body, Retry-After or None, reason label, the same
+        None)], stale: the last lane kept while its spec is fetched again); ended: (model, status,
+        JSON body, Retry-After or None, reason label, the same
         refusal as a stream's error event, the versions whose requests at Triton it ends ("" =
         unversioned) or None for every version); health: (path, status, JSON body or b"",
         Retry-After or None, reason label or "") for /v2/health/live and /v2/health/ready; serving:
         grpc.health.v1's status of each service it knows ("" the pod, each guarded model; True for
-        SERVING), None while the gRPC front is grpcio's."""
+        SERVING), None while the gRPC front is grpcio's; guards: (model, suspect, may be held for a
+        heal, fallback version or "") for every guarded model (None: each lane's and ended model,
+        neither suspect nor held nor routed)."""
     def drain_events(self) -> list[tuple[Any, ...]]:
         """Oldest first: ("answered", model, count), ("failed", model, kind, status, detail),
         ("non_finite", model, outputs), ("ended", model, count), ("log", request_id, trace_id, model,

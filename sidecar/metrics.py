@@ -113,10 +113,8 @@ class SidecarMetrics:
         # by a collector at scrape time: same names, labels and buckets as ever.
         self.requests = RequestMetrics(list(LATENCY_BUCKETS), [float(b) for b in EVENT_COUNT_BUCKETS])
         registry.register(DataPlaneCollector(self.requests))
-        self.quarantined = Counter(f"{PREFIX}_proxy_quarantined", "Requests to a quarantined model, by outcome "
-                                   "(rejected, held_released, held_timeout, suspect_released, suspect_refused, "
-                                   "suspect_timeout, ended_at_triton).", ["model", "outcome"],
-                                   registry=registry)
+        # proxy_quarantined{model, outcome}: the data plane's counter too, counted by the admission of
+        # whichever front took the request (`requests.quarantined(model, outcome)`).
         # proxy_in_flight{model}: the data plane's gauge, whichever front serves (DataPlaneCollector).
 
         # Reloads and discovery
@@ -222,6 +220,9 @@ _DATA_PLANE_COUNTERS = (
     ("outputs_filtered", f"{PREFIX}_outputs_filtered", "Outputs removed from answers.", ("model", "output")),
     ("routed", f"{PREFIX}_routed", "Requests sent to a chosen version, by why (split, pinned, shadow, fallback).",
      ("model", "version", "reason")),
+    ("quarantined", f"{PREFIX}_proxy_quarantined", "Requests to a quarantined model, by outcome (rejected, "
+     "held_released, held_timeout, suspect_released, suspect_refused, suspect_timeout, ended_at_triton).",
+     ("model", "outcome")),
 )
 
 #: Connection families: (key, name, help, labels, label values always shown with 0 until counted).

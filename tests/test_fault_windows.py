@@ -20,11 +20,12 @@ from tritonclient.grpc import service_pb2 as pb
 
 from bench.repository import credit_risk_scores
 from sidecar.devtools.tritonserver import free_port
-from sidecar.fronts.appkeys import STATES, UPSTREAM_POOL
+from sidecar.fronts.appkeys import SERVING, STATES, UPSTREAM_POOL
 from sidecar.fronts.grpc_server import SERVICE
+from sidecar.fronts.http_front import HttpFront
 from sidecar.states import ModelState
 from tests.harness import sidecar_config, wait_for
-from tests.proxy_support import credit_json, features
+from tests.proxy_support import PythonEntries, credit_json, features
 
 pytestmark = pytest.mark.fault
 
@@ -134,10 +135,41 @@ async def test_requests_held_while_suspect_are_served_when_the_confirmation_pass
     await wait_for(lambda: not sidecar.app[STATES].get(model).suspect, 10, what="the confirmation decided")
 
 
+async def test_requests_held_while_suspect_are_held_and_served_by_the_front_without_python(
+        triton, fresh_model, start):
+    """The suspect hold on the Rust front: the requests wait for the verdict in the front's admission
+    and are answered by it when the confirmation passes, none handed to the Python app or entering
+    its chain."""
+    model = fresh_model.name
+    config = _hold_config(triton, fresh_model)
+    sidecar = await start(replace(config, listen=replace(config.listen, front="rust")))
+    await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what=f"{model} HEALTHY")
+    front = sidecar.server
+    assert isinstance(front, HttpFront)
+    await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]} and front.settled, 10,
+                   what=f"{model} a lane")
+
+    handovers = front.handovers
+    with PythonEntries(sidecar.app[SERVING]) as entries:
+        answers = await _held_requests(sidecar, model, lambda: fresh_model.inject("blip"))
+    for i, (status, _, body) in enumerate(answers):
+        assert status == 200, body
+        scores = np.asarray(next(o for o in body["outputs"] if o["name"] == "scores")["data"], dtype=np.float32)
+        np.testing.assert_allclose(scores, credit_risk_scores(features(1, seed=i)).ravel(), atol=1e-5, rtol=1e-4)
+    assert sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="suspect_released") >= 1
+    assert front.handovers == handovers, f"{front.handovers - handovers} requests handed to the Python app"
+    assert entries.count == 0, f"{entries.count} entries into the Python request chain"
+
+
 async def test_requests_held_while_suspect_are_refused_when_the_confirmation_fails(triton, fresh_model, start):
     model = fresh_model.name
     sidecar = await start(_hold_config(triton, fresh_model))
     await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what=f"{model} HEALTHY")
+    front = sidecar.server
+    if isinstance(front, HttpFront):  # held and refused by the front's own admission
+        await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]} and front.settled, 10,
+                       what=f"{model} a lane")
+    handovers = front.handovers if isinstance(front, HttpFront) else 0
 
     # Wrong answers from now on, each 0.2 s late: the confirmation fails, slowly enough to be held for.
     answers = await _held_requests(sidecar, model, lambda: fresh_model.inject("slow_drift"))
@@ -148,4 +180,6 @@ async def test_requests_held_while_suspect_are_refused_when_the_confirmation_fai
     assert sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="suspect_refused") >= 1
     assert sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="suspect_released") in (
         None, 0.0)
+    if isinstance(front, HttpFront):
+        assert front.handovers == handovers, f"{front.handovers - handovers} requests handed to the Python app"
     await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 30, what=f"{model} healed")

@@ -16,8 +16,11 @@ import aiohttp
 import pytest
 
 from sidecar.devtools.tritonserver import LocalTriton
+from sidecar.fronts.appkeys import SERVING
+from sidecar.fronts.http_front import HttpFront
 from sidecar.states import ModelState
 from tests.harness import FAULTY_TEXT_TEMPLATE, SLACK_S, FreshModel, sidecar_config, wait_for
+from tests.proxy_support import PythonEntries
 
 #: 20 words at the model's 10 ms per word: about 200 ms from the first event to the last.
 WORDS = " ".join(f"w{i}" for i in range(20))
@@ -301,6 +304,39 @@ async def test_a_quarantined_model_answers_503_with_retry_after_before_any_strea
                                                 {"text_input": "alpha beta"})
     assert status == 503 and events[0][1]["reason"] == "quarantined"
     assert headers["Retry-After"] == "5"
+
+
+async def test_a_stream_held_during_a_heal_streams_the_healed_text_without_python(
+    triton: LocalTriton, text_model: FreshModel, start: Any
+) -> None:
+    """With proxy.hold_during_heal_s, a generate_stream that comes while its model is quarantined for
+    wrong text waits for the heal, then streams the right text; on the Rust front it is held and
+    relayed by the front itself: no hand-over to the Python app, no entry into its chain."""
+    model = text_model.name
+    sidecar = await start(_config(triton, text_model, proxy={"hold_during_heal_s": 30}))
+    await _healthy(sidecar, model)
+    front = sidecar.server
+    if isinstance(front, HttpFront):
+        await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]} and front.settled, 10,
+                       what=f"{model} a lane")
+    text_model.inject("wrong")
+    quarantined = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.UNHEALTHY), 20,
+                                 what="quarantined")
+    handovers = front.handovers if isinstance(front, HttpFront) else 0
+    admission = sidecar.app[SERVING].admission
+    url = f"{sidecar.url}/v2/models/{model}/generate_stream"
+    with PythonEntries(sidecar.app[SERVING]) as entries:
+        stream = asyncio.create_task(read_stream(url, {"text_input": "alpha beta"}, limit_s=40))
+        await wait_for(lambda: admission.holding[model] == 1, 10, interval=0.002, what="the stream held")
+        status, events, _ = await stream
+    healed = sidecar.first_transition_to(model, ModelState.HEALTHY, after=quarantined.at)
+    assert healed is not None, "answered before the heal"
+    assert status == 200 and _text(events) == "alpha beta", events
+    assert sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="held_released") == 1
+    assert not admission.holding, admission.holding
+    if isinstance(front, HttpFront):
+        assert front.handovers == handovers, f"{front.handovers - handovers} requests handed to the Python app"
+        assert entries.count == 0, f"{entries.count} entries into the Python request chain"
 
 
 async def test_a_stream_open_when_its_model_is_quarantined_ends_at_once_with_an_error_event(

@@ -6,16 +6,24 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 
 import aiohttp
 import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-from sidecar.fronts.appkeys import STATES, WATCH
+from sidecar.fronts.appkeys import SERVING, STATES, WATCH
+from sidecar.fronts.http_front import HttpFront
 from sidecar.states import ModelState
 from tests.harness import wait_for
-from tests.proxy_support import credit_json, proxy_config, served_like_production, started_and_healthy
+from tests.proxy_support import (
+    PythonEntries,
+    credit_json,
+    proxy_config,
+    served_like_production,
+    started_and_healthy,
+)
 
 pytestmark = pytest.mark.fault
 
@@ -107,6 +115,71 @@ async def test_holding_requests_during_a_heal_turns_errors_into_latency(triton, 
     assert sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="held_released") >= 1
     # Held requests were answered after the heal, correctly (checked above), not refused.
     assert counts.get(200, 0) >= 20
+
+
+async def test_requests_held_during_a_heal_are_held_and_served_by_the_front_without_python(
+        triton, fresh_model, start):
+    """The same heal on the Rust front: its admission holds the requests that come while the model
+    is quarantined and healed (Admission.holding counts them), they are answered after the heal with
+    the right scores, and not one of them is handed to the Python app or enters its chain."""
+    model = fresh_model.name
+    config = proxy_config(triton, models=[model], golden_dir=fresh_model.golden_dir,
+                          proxy={"hold_during_heal_s": 30})
+    sidecar = await started_and_healthy(start, replace(config, listen=replace(config.listen, front="rust")))
+    front = sidecar.server
+    assert isinstance(front, HttpFront)
+    await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]}, 5, what=f"{model} a lane")
+    admission = sidecar.app[SERVING].admission
+    holding: list[int] = []
+
+    async def watch_holding() -> None:
+        while True:
+            holding.append(admission.holding[model])
+            await asyncio.sleep(0.005)
+
+    handovers = front.handovers
+    with PythonEntries(sidecar.app[SERVING]) as entries:
+        watcher = asyncio.create_task(watch_holding())
+        answers, expected = await _traffic_through_a_nan_heal(sidecar, triton, fresh_model, seed=9)
+        watcher.cancel()
+    counts = _check_answers(answers, expected, allow_503=False)  # no 503 at all
+    assert counts.get(200, 0) >= 20, counts
+    assert max(holding) >= 1, "no request was held by the front"
+    assert sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="held_released") >= 1
+    assert front.handovers == handovers, f"{front.handovers - handovers} requests handed to the Python app"
+    assert entries.count == 0, f"{entries.count} entries into the Python request chain"
+    assert not admission.holding, admission.holding
+
+
+async def test_a_client_that_leaves_while_held_by_the_front_frees_its_hold_and_is_counted_499(
+        triton, fresh_model, start):
+    """A request held for a heal that does not come (healing off): its client gives up, and the
+    front's hold ends with it (Admission.holding back to zero, 499 counted), long before the bound."""
+    model = fresh_model.name
+    config = proxy_config(triton, models=[model], golden_dir=fresh_model.golden_dir,
+                          healing={"enabled": False}, proxy={"hold_during_heal_s": 60})
+    sidecar = await started_and_healthy(start, replace(config, listen=replace(config.listen, front="rust")))
+    front = sidecar.server
+    assert isinstance(front, HttpFront)
+    await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]}, 5, what=f"{model} a lane")
+    fresh_model.inject("nan")
+    await wait_for(lambda: sidecar.state(model) is ModelState.UNHEALTHY, 20, what="UNHEALTHY")
+    admission = sidecar.app[SERVING].admission
+    handovers = front.handovers
+
+    async def post() -> None:
+        async with aiohttp.ClientSession() as s, s.post(sidecar.url + _infer_path(model), json=credit_json()) as r:
+            await r.read()
+
+    held = asyncio.create_task(post())
+    await wait_for(lambda: admission.holding[model] == 1, 10, what="the request held by the front")
+    held.cancel()
+    await asyncio.gather(held, return_exceptions=True)
+    await wait_for(lambda: not admission.holding, 5, what="the hold ended with its client")
+    await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_requests_total", protocol="http", model=model,
+                                          code="499") == 1, 5, what="499 counted")
+    assert front.handovers == handovers
+    assert not sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="held_timeout")
 
 
 @pytest.mark.parametrize("fault", ["nan", "kill_stub"])

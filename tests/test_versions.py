@@ -103,6 +103,48 @@ async def test_a_broken_version_is_quarantined_while_the_other_keeps_answering(t
         assert "version 2" in body["error"], body
 
 
+async def test_an_unpinned_request_falls_back_to_the_trusted_version_on_the_front(two_versions, start):
+    """Version 2 (Triton's choice) broken: unpinned requests are answered by version 1 (the fallback,
+    counted in routed_total as such and counted by Triton on version 1), a request pinned to version
+    2 is refused as before, one pinned to 1 is answered; on the Rust front, all without Python."""
+    model = two_versions.name
+    sidecar = await start(sidecar_config(two_versions.triton, models=[model], golden_dir=two_versions.golden_dir,
+                                         healing={"enabled": False}))
+    await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what="HEALTHY")
+    expected = credit_risk_scores(features(rows=2, seed=3)).ravel()
+    await _pins_served(sidecar, model)
+    two_versions.inject("2", "nan")
+    await wait_for(lambda: sidecar.state(model) is ModelState.UNHEALTHY, 20, what="UNHEALTHY")
+    front = sidecar.server
+    if isinstance(front, HttpFront):  # the fallback and version 1 published to the front
+        await wait_for(lambda: (model, False, True, "1") in front.lanes()[2] and _pinnable(sidecar, model) >= {"1"},
+                       5, what="the fallback to version 1 on the front")
+    fallback_before = _routed(sidecar, model, "1", "fallback")
+    rejected_before = sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="rejected") or 0
+    on_1, on_2 = triton_successes(two_versions.triton, model, "1"), triton_successes(two_versions.triton, model, "2")
+    handovers = front.handovers if isinstance(front, HttpFront) else 0
+    with PythonEntries(sidecar.app[SERVING]) as entries:
+        for _ in range(5):
+            code, scores = await _scores(sidecar, model)
+            assert code == 200 and np.allclose(scores, expected, atol=1e-5), scores
+        code, body = await _scores(sidecar, model, "2")
+        assert (code, body["reason"]) == (503, "quarantined") and "version 2" in body["error"], body
+        code, scores = await _scores(sidecar, model, header="1")
+        assert code == 200 and np.allclose(scores, expected, atol=1e-5), scores
+    assert _routed(sidecar, model, "1", "fallback") - fallback_before == 5
+    assert sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="rejected") == (
+        rejected_before + 1)
+    assert triton_successes(two_versions.triton, model, "1") - on_1 == 6
+    assert triton_successes(two_versions.triton, model, "2") == on_2
+    if isinstance(front, HttpFront):
+        assert front.handovers == handovers, f"{front.handovers - handovers} requests handed to the Python app"
+        assert entries.count == 0, f"{entries.count} entries into the Python request chain"
+
+
+def _routed(sidecar, model: str, version: str, reason: str) -> float:  # type: ignore[no-untyped-def]
+    return sidecar.metric("triton_sidecar_routed_total", model=model, version=version, reason=reason) or 0.0
+
+
 async def test_a_broken_version_is_healed_by_a_reload(two_versions, start):
     model = two_versions.name
     sidecar = await start(sidecar_config(two_versions.triton, models=[model], golden_dir=two_versions.golden_dir))

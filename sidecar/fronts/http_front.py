@@ -7,11 +7,13 @@ close, 408 for a slow body, 100-continue, listen.max_connections), and it serves
 published to it as a *lane* without entering Python, and the same to a version of it a client pins
 (`/versions/{v}/...`, `x-model-version` on infer) once that version's spec is fetched: validation
 (the generate body check with the model's GenerateLimits), breaker, Triton, screening and counters
-all run on its runtime thread(s). Everything else (kubelet endpoints, /metrics, metadata, a version
-whose spec is not fetched yet or that is not loaded, a rollout, a model on hold or quarantined, a
-per-model rule file, a drift reference) is handed, with the very bytes the client sent, to the
-Python listener (sidecar.fronts.http_listener) on a loopback port behind it, which answers exactly
-as before.
+all run on its runtime thread(s), after the front's own admission (front/admission.rs: a model
+quarantined is refused, held for its heal or while a failed round is confirmed, and an unpinned
+request routed to the fallback version, as Admission.admit and Router.route do). Everything else
+(kubelet endpoints, /metrics, metadata, a version whose spec is not fetched yet or that is not
+loaded, a rollout, a stream to a version a partial quarantine spares, a per-model rule file, a
+drift reference) is handed, with the very bytes the client sent, to the Python listener
+(sidecar.fronts.http_listener) on a loopback port behind it, which answers exactly as before.
 
 With `tls.cert_file` set the front terminates TLS itself (rustls, dataplane/src/front/tls.rs): the
 PEM bytes ServerTls loaded and checked are handed down at start and at every rotation its watch
@@ -22,10 +24,11 @@ with listen.port) and the grpcio server behind it stays plaintext on loopback to
 
 This module is the control plane's side of that boundary:
 - **down**: which models are lanes, with their spec, hidden outputs, NaN screening, generate limits
-  and the streams' idle bound, and the refusal owed to requests at Triton (and the error event owed
-  to open streams) when a model stops being trusted, the answers of /v2/health/live and /ready and,
-  with the gRPC port on the front, grpc.health.v1's status of the pod and each model: published at
-  once on every state transition, and on a short tick for what changes without one (a spec fetched,
+  and the streams' idle bound, every guarded model's admission (suspect, may be held, fallback),
+  and the refusal owed to requests (at Triton too, and the error event owed to open streams) when
+  a model stops being trusted, the answers of /v2/health/live and /ready and, with the gRPC port on
+  the front, grpc.health.v1's status of the pod and each model: published at once on every state
+  transition and suspect change, and on a short tick for what changes without one (a spec fetched,
   a rollout, a reload);
 - **up**: the front's events (passive signals, requests ended at a quarantine, streams ended, the
   sampled access log, panics), drained on the same tick and handed to the health loop and the log as
@@ -58,7 +61,8 @@ from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
 from sidecar.serving.core import ServingCore
 from sidecar.serving.generation import error_event
 from sidecar.serving.refusals import Refusal
-from sidecar.states import ModelStates, Transition
+from sidecar.serving.routing import fallback_version
+from sidecar.states import ModelState, ModelStates, Transition
 from sidecar.tracing.front_spans import FrontSpans
 
 log = structlog.get_logger("sidecar.proxy")
@@ -79,12 +83,17 @@ IDLE_TICK_S = 1.0
 PinnedVersion = tuple[str, Any, list[str] | None]
 
 #: (model, its RequestSpec, hidden outputs or None, look for NaN/Inf, its native GenerateLimits,
-#: generation.idle_timeout_s, its pinnable versions) as the front takes a lane.
-Lane = tuple[str, Any, list[str] | None, bool, Any, float, list[PinnedVersion]]
+#: generation.idle_timeout_s, its pinnable versions, stale: its last spec while a new one is fetched)
+#: as the front takes a lane.
+Lane = tuple[str, Any, list[str] | None, bool, Any, float, list[PinnedVersion], bool]
 
 #: (model, status, JSON body, Retry-After, reason label, the same refusal as a stream's error event,
 #: the versions whose requests at Triton it ends ("" = unversioned ones) or None for every version).
 Ended = tuple[str, int, bytes, int | None, str, bytes, list[str] | None]
+
+#: (model, suspect, may be held for a heal (not FAILED), the fallback version of an unpinned request
+#: or ""): every guarded model, as the front's admission reads it (front/admission.rs).
+Guard = tuple[str, bool, bool, str]
 
 #: (path, status, JSON body or b"", Retry-After, reason label or ""): an answer that depends only on
 #: the health loop's state (/v2/health/live, /v2/health/ready), served by the front as published.
@@ -109,6 +118,11 @@ class HttpFront:
         #: Spec fetches begun for trusted models without one, so a model is a lane before its first
         #: request rather than after it.
         self._warming: dict[str, asyncio.Task[None]] = {}
+        #: The last lane published for each model: while its spec is fetched anew (dropped for a heal
+        #: or a reload) it stays the model's lane, marked stale, so that the front's admission holds
+        #: or refuses its requests and the ones it lets through wait for the new spec, as the Python
+        #: chain's do (front/admission.rs), instead of being handed to the Python app meanwhile.
+        self._last_lanes: dict[str, Lane] = {}
         self._wake: socket.socket | None = None
         #: listen.grpc_port as bound by the data plane's gRPC front (listen.grpc_front: rust), else 0.
         self.grpc_port = 0
@@ -138,6 +152,8 @@ class HttpFront:
             "proxy.max_in_flight_per_model": proxy.max_in_flight_per_model,
             "proxy.queue_size_per_model": proxy.queue_size_per_model,
             "proxy.block_non_finite_outputs": float(proxy.block_non_finite_outputs),
+            "proxy.hold_during_heal_s": proxy.hold_during_heal_s,
+            "proxy.hold_while_suspect_ms": proxy.hold_while_suspect_ms,
             "logging.access_log_sample_rate": config.logging.access_log_sample_rate,
             "liveness.watchdog_stall_s": config.liveness.watchdog_stall_s,
             "tls.handshake_timeout_s": HANDSHAKE_TIMEOUT_S,
@@ -155,6 +171,7 @@ class HttpFront:
         if tls is not None:
             tls.add_reload_listener(self._reload_tls)
         native = self._native
+        self.core.admission.add_holding_source(lambda: native.holding)
         requests = self.core.requests
         if requests.spans is not None:
             # The spans of what Python answers (grpcio's calls, handed-over requests) are the front's
@@ -298,15 +315,18 @@ class HttpFront:
     def _on_suspect(self, model: str, suspect: bool) -> None:
         self.publish()
 
-    def lanes(self) -> tuple[list[Lane], list[Ended]]:
-        """The models the front may serve on its own now (with the versions a client may pin), and the
+    def lanes(self) -> tuple[list[Lane], list[Ended], list[Guard]]:
+        """The models the front may serve on its own now (with the versions a client may pin), the
         refusals owed to the requests at Triton (and the open streams) of models that are not
-        trusted, for the versions they are not."""
+        trusted, for the versions they are not, and what the front's admission needs of every
+        guarded model (suspect, held for a heal, fallback): a lane's model is served, held or
+        refused by the front as Admission.admit would (front/admission.rs)."""
         core = self.core
         states: ModelStates = self.app[STATES]
         idle_s = core.config.generation.idle_timeout_s
         lanes: list[Lane] = []
         ended: list[Ended] = []
+        guards: list[Guard] = []
         for model in states.names():
             health = states.get(model)
             if health is None:
@@ -321,32 +341,46 @@ class HttpFront:
                 versions = None if untrusted is None else sorted(untrusted | unversioned)
                 ended.append((model, refusal.status, json.dumps(refusal.body()).encode(), refusal.retry_after,
                               refusal.reason.value, error_event(refusal), versions))
-            if not health.trusts(""):
-                continue
-            if health.suspect or health.broken_versions or core.rollouts.get(model) is not None:
-                continue  # a hold, a fallback or a rollout: the Python chain routes these
-            if core.drift.measures(model):
-                continue  # drift binning and live recording are the Python chain's
+            trusted = health.trusts("")
+            # Router.route's fallback for an unpinned request (no rollout: those stay the chain's).
+            fallback = ""
+            if not trusted and core.settings.version_fallback:
+                fallback = fallback_version(health, health.default_version, None)
+            guards.append((model, health.suspect, health.state is not ModelState.FAILED, fallback))
+            if core.rollouts.get(model) is not None or core.drift.measures(model):
+                self._last_lanes.pop(model, None)
+                continue  # a rollout, drift binning and live recording are the Python chain's
             spec = core.specs.cached(model, "")
             if spec is None:
-                self._warm(model)
-                continue
+                if trusted:
+                    self._warm(model, "")
+                last = self._last_lanes.get(model)
+                if last is not None:
+                    lanes.append((*last[:7], True))
+                continue  # else the chain refuses or holds them (and fetches the spec)
             policy = core.policy(model)
             hidden: list[str] | None = None
             if policy.is_hidden is not None:
                 if not spec.outputs:
+                    self._last_lanes.pop(model, None)
                     continue  # outputs undeclared: only the Python filter can judge them by name
                 hidden = sorted(o for o in spec.outputs if policy.is_hidden(o))
+            if fallback and core.specs.cached(model, fallback) is None:
+                self._warm(model, fallback)  # so that the next fallback request is the front's
             limits = core.generate_limits(model).native
-            lanes.append((model, spec.native, hidden, policy.check_non_finite, limits, idle_s,
-                          self._pinnable(model, health.loaded_versions)))
-        return lanes, ended
+            lane: Lane = (model, spec.native, hidden, policy.check_non_finite, limits, idle_s,
+                          self._pinnable(model, health.loaded_versions), False)
+            self._last_lanes[model] = lane
+            lanes.append(lane)
+        for model in [m for m in self._last_lanes if m not in states]:
+            del self._last_lanes[model]  # released: its requests get the chain's 404
+        return lanes, ended, guards
 
     def _pinnable(self, model: str, loaded: tuple[str, ...]) -> list[PinnedVersion]:
         """A lane's versions a client may pin on the front: loaded (routed_total names them; another
         is counted as "other" by the Python chain) and their spec fetched (by the Python chain, on
-        the first request that pins one), screened as the model is. A lane's model serves traffic,
-        so each is trusted."""
+        the first request that pins one, or warmed as the model's fallback), screened as the model
+        is. Whether one is trusted now is the front's admission's to judge (the published `Ended`)."""
         core = self.core
         policy = core.policy(model)
         pinnable: list[PinnedVersion] = []
@@ -361,20 +395,23 @@ class HttpFront:
             pinnable.append((version, spec.native, hidden))
         return pinnable
 
-    def _warm(self, model: str) -> None:
-        if model in self._warming or self._tick is None:
+    def _warm(self, model: str, version: str) -> None:
+        """Fetch the spec of `version` of the model ("" = unversioned) in the background, so that
+        its requests are the front's from the first one on."""
+        key = f"{model}:{version}" if version else model
+        if key in self._warming or self._tick is None:
             return
 
         async def fetch() -> None:
             try:
-                await self.core.specs.get(model, "")
+                await self.core.specs.get(model, version)
             except Exception as e:  # the Python chain fetches it again (and refuses) on a request
-                log.debug("http_front_spec_not_fetched", model=model, cause=cut(repr(e), 200))
+                log.debug("http_front_spec_not_fetched", model=model, version=version, cause=cut(repr(e), 200))
             finally:
-                self._warming.pop(model, None)
+                self._warming.pop(key, None)
             self.publish()
 
-        self._warming[model] = asyncio.get_running_loop().create_task(fetch(), name=f"http-front-spec:{model}")
+        self._warming[key] = asyncio.get_running_loop().create_task(fetch(), name=f"http-front-spec:{key}")
 
     def health(self) -> list[Canned]:
         """/v2/health/live and /v2/health/ready as the Python routes answer them now (one rule:
@@ -396,16 +433,16 @@ class HttpFront:
     def publish(self, *, force: bool = False) -> None:
         if self._native is None:
             return
-        lanes, ended = self.lanes()
+        lanes, ended, guards = self.lanes()
         health = self.health()
         serving = self.serving()
-        key = (tuple((m, id(s), _names(h), c, id(g), i, tuple((v, id(vs), _names(vh)) for v, vs, vh in p))
-                     for m, s, h, c, g, i, p in lanes),
+        key = (tuple((m, id(s), _names(h), c, id(g), i, tuple((v, id(vs), _names(vh)) for v, vs, vh in p), st)
+                     for m, s, h, c, g, i, p, st in lanes),
                tuple((m, s, b, _names(v)) for m, s, b, *_, v in ended), tuple(health),
-               tuple(serving) if serving is not None else None)
+               tuple(serving) if serving is not None else None, tuple(guards))
         if key == self._published and not force:
             return
-        self._native.publish(lanes, ended, health, serving)
+        self._native.publish(lanes, ended, health, serving, guards)
         self._published = key
 
     async def _run_tick(self) -> None:
@@ -493,7 +530,7 @@ class HttpFront:
                 signals.non_finite_answer(event[1], event[2])
             elif kind == "ended":
                 _, model, count = event
-                core.metrics.quarantined.labels(model=model, outcome="ended_at_triton").inc(count)
+                core.metrics.requests.quarantined(model, "ended_at_triton", count)
                 log.warning("requests_ended_at_quarantine", model=model, requests=count,
                             cause="the model was quarantined while these requests waited at Triton; they were "
                                   "answered 503 with Retry-After and their connections to Triton closed")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import structlog
@@ -56,11 +57,26 @@ class Admission:
         self._verdicts: dict[str, asyncio.Event] = {}
         #: Requests at Triton per model, so a quarantine can end them (see `sent`).
         self._at_triton: dict[str, set[AtTriton]] = {}
-        #: Requests held now (hold_during_heal_s), per model.
-        self.holding: collections.Counter[str] = collections.Counter()
+        #: Requests this chain holds now (hold_during_heal_s), per model; `holding` adds the fronts'.
+        self._held: collections.Counter[str] = collections.Counter()
+        #: What else holds requests (the Rust HTTP front): each gives [(model, count)] now.
+        self._held_elsewhere: list[Callable[[], Iterable[tuple[str, int]]]] = []
         states.add_listener(self._on_transition)
         states.add_suspect_listener(self._on_suspect)
         states.add_release_listener(self._on_release)
+
+    @property
+    def holding(self) -> collections.Counter[str]:
+        """Requests held now (hold_during_heal_s), per model, by this chain and by the fronts that
+        hold on their own (models with none left out)."""
+        held = collections.Counter(self._held)
+        for source in self._held_elsewhere:
+            held.update(dict(source()))
+        return +held
+
+    def add_holding_source(self, source: Callable[[], Iterable[tuple[str, int]]]) -> None:
+        """Count the requests a front holds itself (the Rust HTTP front's admission) in `holding`."""
+        self._held_elsewhere.append(source)
 
     def _on_transition(self, t: Transition) -> None:
         serves = t.state_to.serves_traffic
@@ -101,7 +117,7 @@ class Admission:
                 entry.task.cancel()
                 ended += 1
         if ended:
-            self._metrics.quarantined.labels(model=model, outcome="ended_at_triton").inc(ended)
+            self._metrics.requests.quarantined(model, "ended_at_triton", ended)
             log.warning("requests_ended_at_quarantine", model=model, requests=ended,
                         cause="the model was quarantined while these requests waited at Triton; they were "
                               "answered 503 with Retry-After and their connections to Triton closed")
@@ -160,24 +176,24 @@ class Admission:
         hold_s = self._settings.hold_during_heal_s
         if hold_s > 0 and health.state is not ModelState.FAILED:
             gate = self._gate(model)
-            self.holding[model] += 1
+            self._held[model] += 1
             try:
                 async with asyncio.timeout(hold_s):
                     while not self.serves(model) and model in self._states:
                         await gate.wait()
             except TimeoutError:
-                self._metrics.quarantined.labels(model=model, outcome="held_timeout").inc()
+                self._metrics.requests.quarantined(model, "held_timeout")
             else:
                 if model not in self._states:
                     raise self.quarantine_refusal(model)  # released while held: 404, no series revived
-                self._metrics.quarantined.labels(model=model, outcome="held_released").inc()
+                self._metrics.requests.quarantined(model, "held_released")
                 return
             finally:
-                self.holding[model] -= 1
-                if not self.holding[model]:
-                    del self.holding[model]
+                self._held[model] -= 1
+                if not self._held[model]:
+                    del self._held[model]
         else:
-            self._metrics.quarantined.labels(model=model, outcome="rejected").inc()
+            self._metrics.requests.quarantined(model, "rejected")
         raise self.quarantine_refusal(model)
 
     async def _verdict_came(self, model: str, version: str = "") -> bool:
@@ -197,7 +213,7 @@ class Admission:
             outcome = "suspect_timeout"
         if not self.trusted(model, version):
             outcome = "suspect_refused"
-        self._metrics.quarantined.labels(model=model, outcome=outcome).inc()
+        self._metrics.requests.quarantined(model, outcome)
         return outcome != "suspect_refused"
 
     def quarantine_refusal(self, model: str) -> Refusal:

@@ -58,8 +58,10 @@ impl Head {
 /// A request the lane serves, as `lane_for` found it in the head.
 struct LaneRequest {
     model: String,
-    /// The pinned version, "" for none.
+    /// The version it goes to (pinned, or the fallback), "" for none.
     version: String,
+    /// `version` is the fallback, not a pin.
+    fallback: bool,
     /// The model's lane, or the pinned version's.
     lane: Arc<super::state::Lane>,
     header_length: Option<i64>,
@@ -201,7 +203,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             self.hand_over().await;
             return false;
         };
-        let LaneRequest { model, version, lane, header_length, endpoint } = infer;
+        let LaneRequest { model, version, fallback, lane, header_length, endpoint } = infer;
         let settings = &self.shared.settings;
         let limit = settings.max_body_bytes;
         let chunked = head.get("transfer-encoding").is_some();
@@ -282,6 +284,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             route: Route::Http(endpoint),
             model: &model,
             version: &version,
+            fallback,
             request_id: &request_id,
             body_bytes: body.len(),
             started,
@@ -291,6 +294,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         let infer = Infer {
             model,
             version,
+            fallback,
             lane,
             trace_id,
             traceparent,
@@ -448,12 +452,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             Some(v) if endpoint == Endpoint::Infer => Some(v.trim().parse::<i64>().ok()?),
             _ => None,
         };
-        let lane = self.shared.state.load().lanes.get(model)?.clone();
-        // A pinned version only when it is loaded and its spec published (then every check of the
-        // Python chain passes: a lane's versions are all trusted); any other goes to the Python
-        // chain, which fetches its spec (published for the next request) or refuses it.
+        let snapshot = self.shared.state.load();
+        let lane = snapshot.lanes.get(model)?.clone();
+        if endpoint == Endpoint::GenerateStream && !snapshot.whole(model) {
+            return None; // a stream to a version a partial quarantine spares: the Python chain's
+        }
+        // The route of infer and generate (routing.Router.route without a rollout): the pin, else
+        // the fallback Python chose while Triton's choice is not trusted, else Triton's choice. A
+        // stream is not routed (OpenStream.join admits the version it names, "" for Triton's).
+        let (version, fallback) = match snapshot.guards.get(model) {
+            Some(guard) if version.is_empty() && !guard.fallback.is_empty() && endpoint != Endpoint::GenerateStream => {
+                (guard.fallback.as_str(), true)
+            }
+            _ => (version, false),
+        };
+        // A version only when it is loaded and its spec published (admission then judges it as the
+        // Python chain would); any other goes to the Python chain, which fetches its spec
+        // (published for the next request) or refuses it.
         let lane = if version.is_empty() { lane } else { lane.versions.get(version)?.clone() };
-        Some(LaneRequest { model: model.to_owned(), version: version.to_owned(), lane, header_length, endpoint })
+        let version = version.to_owned();
+        Some(LaneRequest { model: model.to_owned(), version, fallback, lane, header_length, endpoint })
     }
 
     /// The published answer to this request when it is a GET of a health endpoint with no body, and

@@ -49,10 +49,10 @@ impl Endpoint {
 }
 
 /// Serve one generate request; the answer is always one the client can read (never an error).
-pub async fn serve(shared: Arc<Shared>, request: Infer) -> Reply {
+pub async fn serve(shared: Arc<Shared>, mut request: Infer) -> Reply {
     let reply = {
         let _counted = InFlight::new(&shared);
-        answer(&shared, &request).await
+        answer(&shared, &mut request).await
     };
     lane::finish(&shared, &request, &reply);
     reply
@@ -114,11 +114,17 @@ pub(super) fn non_finite_message(model: &str, outputs: &[String]) -> String {
     )
 }
 
-async fn answer(shared: &Shared, request: &Infer) -> Reply {
+async fn answer(shared: &Shared, request: &mut Infer) -> Reply {
+    shared.injected_panic.strike(&request.model);
+    lane::routed(shared, request);
+    match lane::admitted(shared, request).await {
+        Err(refused) => return refused,
+        Ok(Some(fresh)) => request.lane = fresh,
+        Ok(None) => {}
+    }
+    let request = &*request;
     let model = request.model.as_str();
     let lane = &request.lane;
-    shared.injected_panic.strike(model);
-    lane::routed(shared, request);
     let checked = check_generate_request(&lane.spec, &lane.generate, &request.body);
     request.span.phase("validation");
     if let Err(refused) = checked {

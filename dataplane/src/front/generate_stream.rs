@@ -35,6 +35,7 @@ use super::events::{AccessRecord, Event};
 use super::generate::{body_refusal, error_message, is_stub_dead, non_finite_message, upstream_headers};
 use super::lane::{self, slot, upstream_refusal, InFlight, Infer};
 use super::reply::{encode, error_event, http_date, json_value, refusal, Reply, JSON_REFUSAL};
+use super::state::Lane;
 use super::upstream::Failure;
 use super::Shared;
 
@@ -191,12 +192,18 @@ async fn run(shared: Arc<Shared>, request: Infer, tx: mpsc::Sender<Out>) {
     let _counted = InFlight::new(shared);
     let mut record = Record { shared, request: &request, began: false, events: 0, bytes: 0, done: false };
     let model = request.model.as_str();
-    let lane = &request.lane;
     let whole = |record: &mut Record, reply: Reply| {
         record.whole(&reply);
         // The connection reads until the channel closes: a full channel is not possible here.
         let _ = tx.try_send(Out::Whole(reply));
     };
+    // Admission first (OpenStream.join: admitted_spec, then the check), while the record is kept:
+    // a client that leaves while its stream is held is counted 499 as any other.
+    let fresh = match lane::admitted(shared, &request).await {
+        Ok(fresh) => fresh,
+        Err(refused) => return whole(&mut record, refused),
+    };
+    let lane = fresh.as_ref().unwrap_or(&request.lane);
     let checked = check_generate_request(&lane.spec, &lane.generate, &request.body);
     request.span.phase("validation");
     if let Err(refused) = checked {
@@ -282,7 +289,7 @@ async fn run(shared: Arc<Shared>, request: Infer, tx: mpsc::Sender<Out>) {
         }
         last = Instant::now();
         received += events.len() as u64;
-        let (out, ended) = screened(shared, &request, events);
+        let (out, ended) = screened(shared, &request, lane, events);
         ending = ended;
         if out.is_empty() {
             continue;
@@ -395,9 +402,8 @@ fn failed_mid_stream(shared: &Shared, model: &str, failure: Failure) -> Ending {
 
 /// The events of one read as they may leave the pod, and the ending one of them brought
 /// (OpenStream._screened and _judge): the events before it still go out.
-fn screened(shared: &Shared, request: &Infer, events: Vec<Bytes>) -> (Vec<Bytes>, Option<Ending>) {
+fn screened(shared: &Shared, request: &Infer, lane: &Lane, events: Vec<Bytes>) -> (Vec<Bytes>, Option<Ending>) {
     let model = request.model.as_str();
-    let lane = &request.lane;
     let hidden = |name: &str| lane.is_hidden(name);
     let filter: Option<&dyn Fn(&str) -> bool> = if lane.hidden.is_some() { Some(&hidden) } else { None };
     let mut out = Vec::with_capacity(events.len());
@@ -597,6 +603,8 @@ mod tests {
             max_in_flight_per_model: 4,
             queue_size_per_model: 4,
             block_non_finite_outputs: true,
+            hold_during_heal: Duration::ZERO,
+            hold_while_suspect: Duration::ZERO,
             access_log_sample_rate: 0.0,
             watchdog_stall: Duration::from_secs(60),
         };

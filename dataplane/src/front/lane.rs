@@ -22,8 +22,11 @@ use super::Shared;
 /// One request the connection read in full.
 pub struct Infer {
     pub model: String,
-    /// The version the client pinned (path or `x-model-version`), "" for none: Triton picks.
+    /// The version the request goes to: the one the client pinned (path or `x-model-version`), or
+    /// the fallback Python chose while Triton's choice is not trusted; "" for none: Triton picks.
     pub version: String,
+    /// `version` is the model's fallback (routing.FALLBACK), not a pin.
+    pub fallback: bool,
     /// The model's lane, or the pinned version's (its spec and hidden outputs).
     pub lane: Arc<Lane>,
     pub request_id: String,
@@ -41,10 +44,10 @@ pub struct Infer {
 }
 
 /// Serve one request; the answer is always one the client can read (never an error).
-pub async fn serve(shared: Arc<Shared>, request: Infer) -> Reply {
+pub async fn serve(shared: Arc<Shared>, mut request: Infer) -> Reply {
     let reply = {
         let _counted = InFlight::new(&shared);
-        answer(&shared, &request).await
+        answer(&shared, &mut request).await
     };
     finish(&shared, &request, &reply);
     reply
@@ -101,11 +104,17 @@ pub(super) fn logged(shared: &Shared, failed: bool) -> bool {
         || (rate > 0.0 && ((super::connection::random_u64() >> 11) as f64 / (1u64 << 53) as f64) < rate)
 }
 
-async fn answer(shared: &Shared, request: &Infer) -> Reply {
+async fn answer(shared: &Shared, request: &mut Infer) -> Reply {
+    shared.injected_panic.strike(&request.model);
+    routed(shared, request);
+    match admitted(shared, request).await {
+        Err(refused) => return refused,
+        Ok(Some(fresh)) => request.lane = fresh,
+        Ok(None) => {}
+    }
+    let request = &*request;
     let model = request.model.as_str();
     let lane = &request.lane;
-    shared.injected_panic.strike(model);
-    routed(shared, request);
     let hidden = |name: &str| lane.is_hidden(name);
     let checked = validate_infer_request(&lane.spec, &request.body, request.header_length, &hidden);
     request.span.phase("validation");
@@ -238,13 +247,35 @@ pub(super) fn triton_path(model: &str, version: &str, endpoint: &str) -> String 
     }
 }
 
-/// A pinned request counted in routed_total{reason="pinned"} before its body is checked, as
+/// A pinned or fallback request counted in routed_total{reason} before admission, as
 /// ServingCore.infer counts its route (infer and generate; a stream is not routed). Only loaded
 /// versions are published, so the version is its own label (never "other").
 pub(super) fn routed(shared: &Shared, request: &Infer) {
     if !request.version.is_empty() {
-        shared.metrics.routed.inc(&[request.model.as_str(), request.version.as_str(), "pinned"]);
+        let reason = if request.fallback { "fallback" } else { "pinned" };
+        shared.metrics.routed.inc(&[request.model.as_str(), request.version.as_str(), reason]);
     }
+}
+
+/// Admission (front/admission.rs) for the version the request goes to: Err is its refusal, counted
+/// as a rejection. A request admission held or refused gets the span's "admission" phase, as the
+/// Python chain's; one served at once (a trusted model's) has none, as before. A request held for a
+/// heal (or read with a stale lane) goes on with the lane published after it, its spec fetched anew
+/// (Some), as the Python chain's fetches the spec after its hold; None: the lane it was read with.
+pub(super) async fn admitted(shared: &Shared, request: &Infer) -> Result<Option<Arc<Lane>>, Reply> {
+    use super::admission::{admit, at_once, fresh_lane, Admitted};
+    let model = request.model.as_str();
+    let admitted = if at_once(shared, model, &request.version) {
+        Admitted::Served
+    } else {
+        let admitted = admit(shared, model, &request.version).await;
+        request.span.phase("admission");
+        admitted.map_err(|reply| rejected(shared, model, reply))?
+    };
+    if admitted == Admitted::AfterHold || request.lane.stale {
+        return Ok(fresh_lane(shared, model, &request.version).await);
+    }
+    Ok(None)
 }
 
 /// The refusal Python published for a model that stopped being trusted, for the version a request

@@ -17,6 +17,7 @@
 //! ModelInfer to a lane without Python, every other call passed through to the Python gRPC server
 //! behind it on loopback.
 
+pub mod admission;
 pub mod connection;
 pub mod events;
 pub mod generate;
@@ -41,6 +42,7 @@ use arc_swap::ArcSwap;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use crate::metrics::family::GaugeFamily;
 use crate::metrics::request::RequestMetrics;
 
 use self::events::Events;
@@ -71,6 +73,9 @@ pub struct Shared {
     pub handovers: AtomicU64,
     pub fast_requests: AtomicU64,
     pub in_flight: AtomicUsize,
+    /// Requests held for a heal now, per model (front/admission.rs): Python's `Admission.holding`
+    /// adds these to its own. Not a /metrics family (the Python chain has none).
+    pub holding: GaugeFamily,
     /// Liveness of the runtime and of the control plane, each read by the other half.
     pub watchdog: Watchdog,
     /// Fault injection: a panic armed for a model's next lane request.
@@ -140,6 +145,7 @@ impl Shared {
             handovers: AtomicU64::new(0),
             fast_requests: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            holding: GaugeFamily::default(),
             watchdog: Watchdog::default(),
             injected_panic: InjectedPanic::default(),
         }

@@ -21,6 +21,12 @@ pub struct Settings {
     pub max_in_flight_per_model: usize,
     pub queue_size_per_model: usize,
     pub block_non_finite_outputs: bool,
+    /// proxy.hold_during_heal_s: how long a request to a model that does not serve traffic waits for
+    /// it to serve again before it is refused (zero: refused at once).
+    pub hold_during_heal: Duration,
+    /// proxy.hold_while_suspect_ms: how long a request that comes while a failed golden round is
+    /// being confirmed waits for the verdict (zero: served at once, as a trusted model's).
+    pub hold_while_suspect: Duration,
     pub access_log_sample_rate: f64,
     /// liveness.watchdog_stall_s: the control plane silent for longer than this fails /healthz and
     /// /readyz on the front itself (`watchdog`).

@@ -81,8 +81,10 @@ pub struct Record {
     /// When the record opened (the first phase counts from here), with the wall clock then.
     pub opened: Clock,
     pub model: String,
-    /// The client's pin, "" for none.
+    /// The version the request went to (the client's pin, or the fallback), "" for none.
     pub version: String,
+    /// `version` is the model's fallback (routing reason "fallback"), not a pin.
+    pub fallback: bool,
     pub request_id: String,
     pub body_bytes: usize,
     pub events: Vec<Noted>,
@@ -100,6 +102,7 @@ impl Record {
     fn span_data(self, scope: &InstrumentationScope) -> SpanData {
         let (routed, version) = match self.version.as_str() {
             "" => ("default", None),
+            _ if self.fallback => ("fallback", Some(KeyValue::new("sidecar.model.version", self.version))),
             _ => ("pinned", Some(KeyValue::new("sidecar.model.version", self.version))),
         };
         let mut attributes = Vec::with_capacity(12);
@@ -492,6 +495,7 @@ mod tests {
             opened,
             model: "m".to_owned(),
             version: version.to_owned(),
+            fallback: false,
             request_id: format!("r{n}"),
             body_bytes: 10,
             events: vec![Noted {

@@ -12,8 +12,9 @@ use tokio::sync::Semaphore;
 use crate::serving::generation::GenerateLimits;
 use crate::serving::validation::RequestSpec;
 
-/// One model the lane serves on its own: trusted, not suspect, no rollout, rule file or drift
-/// reference (those still go to the Python chain).
+/// One model the lane serves on its own: its spec fetched, no rollout, rule file or drift reference
+/// (those still go to the Python chain). Whether a request to it is served now, held or refused is
+/// its `Guard`'s and `Ended`'s (front/admission.rs).
 pub struct Lane {
     pub spec: RequestSpec,
     /// Declared outputs that never leave the pod; None when no filtering rule names the model. An
@@ -32,6 +33,10 @@ pub struct Lane {
     /// (the breaker and limits are the model's). A version not here goes to the Python chain,
     /// which fetches its spec or refuses it.
     pub versions: HashMap<String, std::sync::Arc<Lane>>,
+    /// Published again from the model's last spec while it is fetched anew (a heal or a reload
+    /// dropped it): admission reads it, and a request it lets through waits for the lane with the
+    /// new spec (front/admission.rs `fresh_lane`), as the Python chain's waits for the fetch.
+    pub stale: bool,
 }
 
 impl Lane {
@@ -77,9 +82,26 @@ pub struct Canned {
     pub reason: String,
 }
 
+/// What admission needs of a guarded model besides `Ended` (sidecar.states.ModelHealth as the
+/// Python chain reads it): published for every model the sidecar guards, lane or not.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Guard {
+    /// A failed golden round is being confirmed (ModelHealth.suspect): with
+    /// proxy.hold_while_suspect_ms a request waits for the verdict.
+    pub suspect: bool,
+    /// A request refused now may be held for the heal (proxy.hold_during_heal_s): the model is not
+    /// FAILED (a failed model waits for a restart, not a heal).
+    pub may_hold: bool,
+    /// The trusted version an unpinned request goes to while Triton's choice is not trusted
+    /// (sidecar.serving.routing.fallback_version, decided by Python), "" for none.
+    pub fallback: String,
+}
+
 #[derive(Default)]
 pub struct Snapshot {
     pub lanes: HashMap<String, std::sync::Arc<Lane>>,
+    /// Every model the sidecar guards now; a model not here was released (or never guarded).
+    pub guards: HashMap<String, Guard>,
     pub ended: HashMap<String, std::sync::Arc<Ended>>,
     /// By path; a path not here (before Python's first publish) is forwarded to the Python app.
     pub health: HashMap<String, std::sync::Arc<Canned>>,
@@ -88,6 +110,36 @@ pub struct Snapshot {
     /// HealthService answers by). None before Python's first publish: the calls go to the Python
     /// gRPC server.
     pub serving: Option<HashMap<String, bool>>,
+}
+
+impl Snapshot {
+    /// Does the model serve traffic (HEALTHY or DEGRADED: every version trusted)?
+    pub fn serves(&self, model: &str) -> bool {
+        self.guards.contains_key(model) && !self.ended.contains_key(model)
+    }
+
+    /// Are answers from `version` of the model ("" = the one unversioned requests reach) trusted
+    /// (ModelHealth.trusts, as Python published it in `Ended::versions`)?
+    pub fn trusts(&self, model: &str, version: &str) -> bool {
+        self.guards.contains_key(model) && self.ended.get(model).is_none_or(|ended| !ended.ends(version))
+    }
+
+    pub fn suspect(&self, model: &str) -> bool {
+        self.guards.get(model).is_some_and(|guard| guard.suspect)
+    }
+
+    /// Served as a trusted model is, with no admission to wait for: what the gRPC lane serves (it
+    /// has no admission); any other call to the model is grpcio's chain's.
+    pub fn plain(&self, model: &str) -> bool {
+        self.serves(model) && !self.suspect(model)
+    }
+
+    /// Trusted or untrusted as a whole (not quarantined for some versions alone): a stream the
+    /// front admits. A stream ends when its model stops serving, so one to a version a partial
+    /// quarantine spares stays the Python chain's, which watches that version's trust instead.
+    pub fn whole(&self, model: &str) -> bool {
+        self.guards.contains_key(model) && self.ended.get(model).is_none_or(|ended| ended.versions.is_none())
+    }
 }
 
 /// The per-model breaker (as sidecar/serving/breaker.py): `capacity` requests at Triton, `queue`
@@ -134,5 +186,19 @@ mod tests {
         let one = ended(Some(&["1"]));
         assert!(one.ends("1"));
         assert!(!one.ends("") && !one.ends("2"));
+    }
+
+    #[test]
+    fn a_model_serves_while_nothing_ended_and_trusts_the_versions_its_quarantine_spares() {
+        let mut snapshot = Snapshot::default();
+        assert!(!snapshot.serves("m") && !snapshot.trusts("m", ""), "not guarded: neither");
+        snapshot.guards.insert("m".into(), Guard::default());
+        assert!(snapshot.serves("m") && snapshot.trusts("m", "2") && snapshot.plain("m"));
+        snapshot.ended.insert("m".into(), std::sync::Arc::new(ended(Some(&["2", ""]))));
+        assert!(!snapshot.serves("m") && !snapshot.plain("m"));
+        assert!(snapshot.trusts("m", "1") && !snapshot.trusts("m", "2") && !snapshot.trusts("m", ""));
+        snapshot.ended.clear();
+        snapshot.guards.insert("m".into(), Guard { suspect: true, ..Guard::default() });
+        assert!(snapshot.serves("m") && !snapshot.plain("m"), "suspect: served only through admission");
     }
 }

@@ -217,6 +217,7 @@ impl Tracing {
             opened: clock,
             model: opened.model.to_owned(),
             version: opened.version.to_owned(),
+            fallback: opened.fallback,
             request_id: opened.request_id.to_owned(),
             body_bytes: opened.body_bytes,
             events: Vec::with_capacity(6),
@@ -374,9 +375,11 @@ pub struct Opened<'a> {
     pub tracestate: Option<&'a str>,
     pub route: Route,
     pub model: &'a str,
-    /// The version the client pinned ("" = none: Triton's default), the only routing a lane does
-    /// (a model in a rollout is Python's).
+    /// The version the request goes to ("" = none: Triton's default): the client's pin, or the
+    /// fallback while Triton's choice is not trusted (a model in a rollout is Python's).
     pub version: &'a str,
+    /// `version` is the fallback, not a pin.
+    pub fallback: bool,
     pub request_id: &'a str,
     pub body_bytes: usize,
     /// When the request's head was read: the span covers the body's reading too.
@@ -809,6 +812,7 @@ mod tests {
             route: Route::Http(Endpoint::Infer),
             model: "m",
             version: "",
+            fallback: false,
             request_id: "r",
             body_bytes: 0,
             started: Instant::now(),

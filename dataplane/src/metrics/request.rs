@@ -19,6 +19,10 @@ pub struct RequestMetrics {
     pub outputs_filtered: CounterFamily,
     /// triton_sidecar_routed_total{model, version, reason}
     pub routed: CounterFamily,
+    /// triton_sidecar_proxy_quarantined_total{model, outcome}: requests to a model whose answers were
+    /// not trusted when they came (rejected, held_*, suspect_*, ended_at_triton), counted by the
+    /// admission of whichever front took them (sidecar/serving/admission.py, front/admission.rs).
+    pub quarantined: CounterFamily,
     /// triton_sidecar_proxy_in_flight{model}: requests at Triton (from their breaker slot to the answer).
     pub in_flight: GaugeFamily,
     /// triton_sidecar_proxy_queued{model}: requests waiting for a breaker slot
@@ -57,6 +61,7 @@ impl RequestMetrics {
             internal_errors: CounterFamily::default(),
             outputs_filtered: CounterFamily::default(),
             routed: CounterFamily::default(),
+            quarantined: CounterFamily::default(),
             in_flight: GaugeFamily::default(),
             queued: GaugeFamily::default(),
             connections_open: AtomicI64::new(0),

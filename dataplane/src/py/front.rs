@@ -21,7 +21,7 @@ use std::os::unix::net::UnixStream;
 use crate::front::events::{Event, Events};
 use crate::front::grpc::{self, GrpcFront, GrpcSettings};
 use crate::front::settings::Settings;
-use crate::front::state::{Breaker, Canned, Ended, Lane, Snapshot};
+use crate::front::state::{Breaker, Canned, Ended, Guard, Lane, Snapshot};
 use crate::front::tls::{server_config, Terminator, TlsMaterial, ALPN_H2, ALPN_HTTP1};
 use crate::front::tracing::{Tracing, TracingSettings};
 use crate::front::upstream::Upstream;
@@ -33,7 +33,8 @@ use super::spans::RequestSpan;
 use super::validation::RequestSpec;
 
 /// (model, its spec, hidden outputs or None, look for NaN/Inf, its generate limits,
-/// generation.idle_timeout_s, its pinnable versions) as Python publishes a lane.
+/// generation.idle_timeout_s, its pinnable versions, stale: its last spec while a new one is
+/// fetched) as Python publishes a lane.
 type LaneTuple<'py> = (
     String,
     PyRef<'py, RequestSpec>,
@@ -42,6 +43,7 @@ type LaneTuple<'py> = (
     PyRef<'py, GenerateLimits>,
     f64,
     Vec<VersionTuple<'py>>,
+    bool,
 );
 
 /// (version, its spec, its hidden outputs or None): a loaded version whose spec Python fetched.
@@ -50,6 +52,8 @@ type VersionTuple<'py> = (String, PyRef<'py, RequestSpec>, Option<Vec<String>>);
 /// (model, status, JSON body, Retry-After or None, reason label, the same refusal as a stream's last
 /// event, the versions whose requests it ends or None for every version).
 type EndedTuple = (String, u16, Vec<u8>, Option<u64>, String, Vec<u8>, Option<Vec<String>>);
+/// (model, suspect, may be held for a heal, fallback version or ""): every model the sidecar guards.
+type GuardTuple = (String, bool, bool, String);
 /// (path, status, JSON body or empty, Retry-After or None, reason label or "").
 type CannedTuple = (String, u16, Vec<u8>, Option<u64>, String);
 
@@ -175,6 +179,8 @@ impl HttpFront {
             max_in_flight_per_model: get("proxy.max_in_flight_per_model")? as usize,
             queue_size_per_model: get("proxy.queue_size_per_model")? as usize,
             block_non_finite_outputs: get("proxy.block_non_finite_outputs")? != 0.0,
+            hold_during_heal: secs(get("proxy.hold_during_heal_s")?, "proxy.hold_during_heal_s")?,
+            hold_while_suspect: secs(get("proxy.hold_while_suspect_ms")? / 1000.0, "proxy.hold_while_suspect_ms")?,
             access_log_sample_rate: get("logging.access_log_sample_rate")?,
             watchdog_stall: secs(get("liveness.watchdog_stall_s")?, "liveness.watchdog_stall_s")?,
         };
@@ -391,6 +397,19 @@ impl HttpFront {
         (stats.opened, stats.reused, stats.idle, stats.open)
     }
 
+    /// Requests the front holds for a heal now, per model: [(model, count)] (Admission.holding adds
+    /// them to the Python chain's).
+    #[getter]
+    fn holding(&self) -> Vec<(String, i64)> {
+        self.shared
+            .holding
+            .samples()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .filter_map(|(labels, n)| labels.into_iter().next().map(|model| (model, n)))
+            .collect()
+    }
+
     #[getter]
     fn fast_requests(&self) -> u64 {
         self.shared.fast_requests.load(Ordering::Relaxed)
@@ -437,18 +456,21 @@ impl HttpFront {
     /// end now; `health`: the answers of /v2/health/live and /ready as Python would give them now;
     /// `serving`: grpc.health.v1's status of each service it knows ("" the pod, each guarded model;
     /// True for SERVING), None while the gRPC front is not this crate's.
-    #[pyo3(signature = (lanes, ended, health = Vec::new(), serving = None))]
+    /// `guards`: (model, suspect, may be held for a heal, fallback version or "") for every model
+    /// the sidecar guards (a lane's model not among them is not served: released).
+    #[pyo3(signature = (lanes, ended, health = Vec::new(), serving = None, guards = None))]
     fn publish(
         &self,
         lanes: Vec<LaneTuple<'_>>,
         ended: Vec<EndedTuple>,
         health: Vec<CannedTuple>,
         serving: Option<Vec<(String, bool)>>,
+        guards: Option<Vec<GuardTuple>>,
     ) -> PyResult<()> {
         let mut breakers = self.breakers.lock().map_err(|_| PyRuntimeError::new_err("breakers poisoned"))?;
         let capacity = self.shared.settings.max_in_flight_per_model;
         let mut snapshot = Snapshot::default();
-        for (model, spec, hidden, check_non_finite, generate, idle_s, versions) in lanes {
+        for (model, spec, hidden, check_non_finite, generate, idle_s, versions, stale) in lanes {
             let breaker = breakers.entry(model.clone()).or_insert_with(|| Arc::new(Breaker::new(capacity))).clone();
             let stream_idle = secs(idle_s, "generation.idle_timeout_s")?;
             // A pinned version is the model served with that version's spec and hidden outputs: the
@@ -461,6 +483,7 @@ impl HttpFront {
                 generate: generate.limits.clone(),
                 stream_idle,
                 versions,
+                stale,
             };
             let versions = versions
                 .into_iter()
@@ -478,6 +501,19 @@ impl HttpFront {
                 versions: versions.map(|v| v.into_iter().collect()),
             };
             snapshot.ended.insert(model, Arc::new(ended));
+        }
+        match guards {
+            Some(guards) => {
+                for (model, suspect, may_hold, fallback) in guards {
+                    snapshot.guards.insert(model, Guard { suspect, may_hold, fallback });
+                }
+            }
+            // Published without them (a caller that knows only lanes): every lane's model guarded.
+            None => {
+                for model in snapshot.lanes.keys().chain(snapshot.ended.keys()) {
+                    snapshot.guards.insert(model.clone(), Guard::default());
+                }
+            }
         }
         for (path, status, body, retry_after, reason) in health {
             snapshot.health.insert(path, Arc::new(Canned { status, body: Bytes::from(body), retry_after, reason }));

@@ -45,6 +45,18 @@ impl RequestMetrics {
         self.inner.routed.inc(&[model, version, reason]);
     }
 
+    /// `n` requests to `model` met its quarantine with `outcome` (rejected, held_released, held_timeout,
+    /// suspect_released, suspect_refused, suspect_timeout, ended_at_triton).
+    #[pyo3(signature = (model, outcome, n = 1))]
+    fn quarantined(&self, model: &str, outcome: &str, n: u64) {
+        self.inner.quarantined.add(&[model, outcome], n);
+    }
+
+    /// Requests counted under (model, outcome) of proxy_quarantined_total, 0 when none.
+    fn quarantined_count(&self, model: &str, outcome: &str) -> u64 {
+        self.inner.quarantined.value(&[model, outcome]).unwrap_or(0)
+    }
+
     /// A request to `model` went to Triton (+1) or came back (-1).
     fn in_flight_add(&self, model: &str, delta: i64) {
         self.inner.in_flight.add(&[model], delta);
@@ -131,6 +143,7 @@ impl RequestMetrics {
             ("internal_errors", &m.internal_errors),
             ("outputs_filtered", &m.outputs_filtered),
             ("routed", &m.routed),
+            ("quarantined", &m.quarantined),
             ("connections_refused", &m.connections_refused),
             ("connection_timeouts", &m.connection_timeouts),
             ("lingering_ends", &m.lingering_ends),

@@ -237,7 +237,11 @@ fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Inst
     }
     let message = wire::single_message(body)?;
     let request = ModelInferRequest::decode(message).ok()?;
-    let model_lane = shared.state.load().lanes.get(&request.model_name)?.clone();
+    let snapshot = shared.state.load();
+    if !snapshot.plain(&request.model_name) {
+        return None; // a model on hold, suspect or quarantined: grpcio's chain admits (or refuses) it
+    }
+    let model_lane = snapshot.lanes.get(&request.model_name).filter(|lane| !lane.stale)?.clone();
     let version = request.model_version.clone();
     let lane = if version.is_empty() { model_lane } else { model_lane.versions.get(&version)?.clone() };
     let text = |key: &str| headers.get(key).and_then(|v| v.to_str().ok());
@@ -254,6 +258,7 @@ fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Inst
         route: MODEL_INFER_ROUTE,
         model: &request.model_name,
         version: &version,
+        fallback: false,
         request_id: &request_id,
         body_bytes: body.len(),
         started,
@@ -569,6 +574,7 @@ mod tests {
             },
             stream_idle: Duration::from_secs(1),
             versions: HashMap::new(),
+            stale: false,
         }
     }
 
