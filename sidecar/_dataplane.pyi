@@ -50,6 +50,9 @@ def screen_infer_response(
 ) -> tuple[bytes | None, int | None, list[str], list[str]]:
     """(new body or None when untouched, header length, dropped outputs, non-finite outputs)."""
 
+def inflate(body: bytes, encoding: str, limit: int) -> bytes | None:
+    """The body inflated ("gzip" or "deflate"), None past `limit` bytes; ValueError: a corrupt stream."""
+
 class RequestMetrics:
     """Per-request counters kept as atomics; sidecar.metrics.DataPlaneCollector exports them."""
 

@@ -10,10 +10,12 @@ test_generate, test_generation, test_versions and test_tls again with SIDECAR_TE
 from __future__ import annotations
 
 import asyncio
+import gzip
 import http.client
 import json
 import threading
 import time
+import zlib
 from dataclasses import replace
 from typing import Any
 
@@ -452,3 +454,73 @@ async def test_generate_and_generate_stream_to_a_trusted_model_never_enter_the_p
     assert sidecar.metric("triton_sidecar_streams_in_flight", model=TEXT) == 0
     assert sidecar.metric("triton_sidecar_proxy_requests_total", protocol="http", model=TEXT,
                           code="200") >= GENERATE_REQUESTS + STREAMS
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident set (VmHWM): the sidecar under test runs in it."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+async def test_compressed_infer_bodies_are_inflated_by_the_front(triton, start):
+    limit = 1024 * 1024
+    sidecar = await started_and_healthy(start, _rust(proxy_config(triton, models=["credit_risk"],
+                                                                  validation={"max_body_bytes": limit},
+                                                                  probes={"interval_s": 3600, "jitter": 0.0})))
+    front = sidecar.server
+    core = sidecar.app[SERVING]
+    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5, what="credit_risk a lane")
+    body = json.dumps(credit_json(rows=2, seed=3)).encode()
+    json_type = {"Content-Type": "application/json"}
+    async with sidecar.session.post(sidecar.url + CREDIT, data=body, headers=json_type) as r:
+        plain = (r.status, await r.read())
+    assert plain[0] == 200
+    # 256 MiB of zeros in about 256 KiB of gzip, within the limit as sent, 256 times over it inflated;
+    # made a piece at a time, so that only the sidecar could make this process's memory peak.
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1024 * 1024)
+    bomb = b"".join(packer.compress(zeros) for _ in range(256)) + packer.flush()
+    assert len(bomb) < limit
+    garbage = b"\x1f\x8b\x08\x00" + b"\xff" * 64  # a gzip header, then no deflate stream
+    before_fast, before_handed = front.fast_requests, front.handovers
+    before_successes = triton_successes(triton, "credit_risk")
+    peak = _peak_rss_bytes()
+    with PythonEntries(core) as python:
+        answers = {}
+        for name, data, encoding in (("gzip", gzip.compress(body), "gzip"), ("deflate", zlib.compress(body), "deflate"),
+                                     ("GZIP", gzip.compress(body), " GZIP "), ("bomb", bomb, "gzip"),
+                                     ("garbage", garbage, "gzip"), ("x-lzw", body, "x-lzw")):
+            async with sidecar.session.post(sidecar.url + CREDIT, data=data,
+                                            headers={**json_type, "Content-Encoding": encoding}) as r:
+                answers[name] = (r.status, await r.read())
+    assert python.count == 0
+    assert front.handovers == before_handed
+    assert front.fast_requests - before_fast == 6
+    assert answers["gzip"] == answers["deflate"] == answers["GZIP"] == plain
+    assert triton_successes(triton, "credit_risk") == before_successes + 3
+    assert answers["bomb"][0] == 413
+    assert json.loads(answers["bomb"][1]) == {
+        "error": f"request body larger than {limit} bytes (validation.max_body_bytes)", "reason": "body_too_large",
+        "model": "credit_risk"}
+    # Inflated to the limit and no further: 256 MiB inflated would have raised the peak by as much.
+    assert _peak_rss_bytes() - peak < 64 * 1024 * 1024
+    assert answers["garbage"][0] == 400
+    assert json.loads(answers["garbage"][1])["reason"] == "malformed"
+    assert json.loads(answers["garbage"][1])["error"].startswith(
+        "request body cannot be read (gzip): Error -3 while decompressing data: ")
+    assert answers["x-lzw"][0] == 415
+    assert json.loads(answers["x-lzw"][1]) == {
+        "error": "Content-Encoding 'x-lzw' is not accepted; send the body uncompressed, gzip, deflate or br",
+        "reason": "unsupported_media_type", "model": "credit_risk"}
+    for reason in ("body_too_large", "malformed", "unsupported_media_type"):
+        assert sidecar.metric("triton_sidecar_proxy_rejections_total", protocol="http", model="credit_risk",
+                              reason=reason) == 1, reason
+    # The Python listener behind the front refuses the same bodies alike (one rule: the data plane's).
+    back = f"http://127.0.0.1:{front.back.port}{CREDIT}"
+    for name, data, encoding in (("bomb", bomb, "gzip"), ("garbage", garbage, "gzip"), ("x-lzw", body, "x-lzw")):
+        async with sidecar.session.post(back, data=data, headers={**json_type, "Content-Encoding": encoding}) as r:
+            assert r.status == answers[name][0], name
+            assert {k: v for k, v in (await r.json()).items()} == json.loads(answers[name][1]), name

@@ -20,7 +20,7 @@ use crate::protocol::pytext::{cut, format_g, repr_str};
 use super::events::{AccessRecord, Event};
 use super::generate::{self, Endpoint};
 use super::generate_stream::{self, Relayed};
-use super::lane::{self, Infer};
+use super::lane::{self, Coding, Infer};
 use super::reply::{encode, refusal, Reply, JSON_REFUSAL};
 use super::state::Canned;
 use super::tracing::{Opened, Refused, RequestSpan, Route};
@@ -64,6 +64,8 @@ struct LaneRequest {
     lane: Arc<super::state::Lane>,
     header_length: Option<i64>,
     endpoint: Endpoint,
+    /// The body's encoding, or the 415 it gets (infer only).
+    coding: Coding,
 }
 
 /// What follows a refusal given before the whole request was read.
@@ -201,7 +203,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             self.hand_over().await;
             return false;
         };
-        let LaneRequest { model, version, lane, header_length, endpoint } = infer;
+        let LaneRequest { model, version, lane, header_length, endpoint, coding } = infer;
         let settings = &self.shared.settings;
         let limit = settings.max_body_bytes;
         let chunked = head.get("transfer-encoding").is_some();
@@ -298,6 +300,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             span,
             header_length,
             body,
+            coding,
             path: head.path.clone(),
             started,
             request_id,
@@ -435,14 +438,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             return None;
         }
         let version = if path_version.is_empty() { header } else { path_version };
-        let encoding = head.get("content-encoding").unwrap_or("").trim().to_ascii_lowercase();
-        if !(encoding.is_empty() || encoding == "identity") {
-            return None;
-        }
-        let ctype = head.get("content-type").unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-        if !matches!(ctype.as_str(), "" | "application/json" | "application/octet-stream") {
-            return None;
-        }
+        let coding = match endpoint {
+            Endpoint::Infer => body_coding(head)?,
+            // Generate bodies are forwarded when compressed or of another type (the lane has none
+            // of generate_routes' rules for them yet).
+            _ => {
+                let encoding = head.get("content-encoding").unwrap_or("").trim().to_ascii_lowercase();
+                if !(encoding.is_empty() || encoding == "identity") {
+                    return None;
+                }
+                let ctype = media_type(head);
+                if !matches!(ctype.as_str(), "" | "application/json" | "application/octet-stream") {
+                    return None;
+                }
+                Coding::Identity
+            }
+        };
         // Generate bodies are JSON whatever the header says (generate_routes reads none of it).
         let header_length = match head.get("inference-header-content-length") {
             Some(v) if endpoint == Endpoint::Infer => Some(v.trim().parse::<i64>().ok()?),
@@ -453,7 +464,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         // Python chain passes: a lane's versions are all trusted); any other goes to the Python
         // chain, which fetches its spec (published for the next request) or refuses it.
         let lane = if version.is_empty() { lane } else { lane.versions.get(version)?.clone() };
-        Some(LaneRequest { model: model.to_owned(), version: version.to_owned(), lane, header_length, endpoint })
+        Some(LaneRequest {
+            model: model.to_owned(),
+            version: version.to_owned(),
+            lane,
+            header_length,
+            endpoint,
+            coding,
+        })
     }
 
     /// The published answer to this request when it is a GET of a health endpoint with no body, and
@@ -774,9 +792,40 @@ pub(super) fn panic_message(e: tokio::task::JoinError) -> String {
     }
 }
 
-fn body_too_large(limit: usize, model: &str) -> Reply {
+pub(super) fn body_too_large(limit: usize, model: &str) -> Reply {
     let message = format!("request body larger than {limit} bytes (validation.max_body_bytes)");
     refusal("body_too_large", 413, &message, model, &[])
+}
+
+/// The Content-Type of a request, as http_routes.check_body_headers reads it: its media type, stripped
+/// and lower-cased.
+fn media_type(head: &Head) -> String {
+    head.get("content-type").unwrap_or("").split(';').next().unwrap_or("").trim().to_lowercase()
+}
+
+/// How the lane reads an infer body (http_routes.check_body_headers, in its order: the type first,
+/// then the encoding): as sent, inflated, or refused 415; None for br and zstd, which aiohttp
+/// behind the front inflates (its ENCODINGS).
+fn body_coding(head: &Head) -> Option<Coding> {
+    let ctype = media_type(head);
+    if !matches!(ctype.as_str(), "" | "application/json" | "application/octet-stream") {
+        return Some(Coding::Refused(format!(
+            "Content-Type {} is not accepted; send application/json (or application/octet-stream with \
+             Inference-Header-Content-Length)",
+            repr_str(&cut(&ctype, 120))
+        )));
+    }
+    let encoding = head.get("content-encoding").unwrap_or("identity").trim().to_lowercase();
+    Some(match encoding.as_str() {
+        "" | "identity" => Coding::Identity,
+        "gzip" => Coding::Gzip,
+        "deflate" => Coding::Deflate,
+        "br" | "zstd" => return None,
+        _ => Coding::Refused(format!(
+            "Content-Encoding {} is not accepted; send the body uncompressed, gzip, deflate or br",
+            repr_str(&cut(&encoding, 120))
+        )),
+    })
 }
 
 /// Why a request's framing is ambiguous: Content-Length with Transfer-Encoding, a coding other than
