@@ -7,7 +7,10 @@ close, 408 for a slow body, 100-continue, listen.max_connections), and it serves
 published to it as a *lane* without entering Python, and the same to a version of it a client pins
 (`/versions/{v}/...`, `x-model-version` on infer) once that version's spec is fetched: validation
 (the generate body check with the model's GenerateLimits), breaker, Triton, screening and counters
-all run on its runtime thread(s). Everything else (kubelet endpoints, /metrics, metadata, a version
+all run on its runtime thread(s). It also answers the rest of the v2 routes as http_routes does
+(Triton's documents and statistics, a model's readiness, the control API refused, the router's
+404s and 405s: dataplane/src/front/documents.rs), and inflates gzip/deflate infer bodies.
+Everything else (kubelet endpoints, /metrics, a filtered model's metadata and config, a version
 whose spec is not fetched yet or that is not loaded, a rollout, a model on hold or quarantined, a
 per-model rule file, a drift reference) is handed, with the very bytes the client sent, to the
 Python listener (sidecar.fronts.http_listener) on a loopback port behind it, which answers exactly
@@ -23,7 +26,9 @@ with listen.port) and the grpcio server behind it stays plaintext on loopback to
 This module is the control plane's side of that boundary:
 - **down**: which models are lanes, with their spec, hidden outputs, NaN screening, generate limits
   and the streams' idle bound, and the refusal owed to requests at Triton (and the error event owed
-  to open streams) when a model stops being trusted: published at once on every state transition,
+  to open streams) when a model stops being trusted; what the document routes read (the guarded
+  models, their filters and readiness, the statistics key, the exposed extensions): published at
+  once on every state transition,
   and on a short tick for what changes without one (a spec fetched, a rollout, a reload);
 - **up**: the front's events (passive signals, requests ended at a quarantine, streams ended, the
   sampled access log, panics), drained on the same tick and handed to the health loop and the log as
@@ -49,7 +54,7 @@ from sidecar._dataplane import HttpFront as NativeFront
 from sidecar.config import ConfigError, TracingSection
 from sidecar.fronts.appkeys import CONFIG, GRPC_BACK_PORT, HEARTBEATS, LIFECYCLE, SERVING, STATES, TLS, WATCH
 from sidecar.fronts.http_listener import SidecarListener
-from sidecar.fronts.http_routes import live_refusal, ready_refusal
+from sidecar.fronts.http_routes import exposed_extension_names, live_refusal, model_ready_refusal, ready_refusal
 from sidecar.fronts.tls import HANDSHAKE_TIMEOUT_S, ServerTls, TlsFileError, TlsMaterial
 from sidecar.messages import cut
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
@@ -88,6 +93,13 @@ Ended = tuple[str, int, bytes, int | None, str, bytes, list[str] | None]
 #: the health loop's state (/v2/health/live, /v2/health/ready), served by the front as published.
 Canned = tuple[str, int, bytes, int | None, str]
 
+#: (status, JSON body, Retry-After) of a model's /ready refused from the sidecar's view, None when
+#: Triton is asked.
+ModelReady = tuple[int, bytes, int | None] | None
+#: ([(model, named by an output filter, its /ready refusal)] in the order admission names them,
+#: proxy.allow_statistics, the v2 extensions GET /v2 shows): what the front needs to answer the v2
+#: document routes, the control API's refusals and the router's 404s and 405s as http_routes does.
+Documents = tuple[list[tuple[str, bool, ModelReady]], bool, list[str]]
 #: The front's runtime threads, as /healthz names them when they stop turning. The other way round,
 #: the front answers /healthz and /readyz 503 itself when this loop stops touching it (every tick)
 #: for longer than liveness.watchdog_stall_s (dataplane/src/front/watchdog.rs).
@@ -132,6 +144,7 @@ class HttpFront:
             "validation.max_body_bytes": config.validation.max_body_bytes,
             "proxy.client_body_timeout_s": proxy.client_body_timeout_s,
             "proxy.upstream_timeout_s": proxy.upstream_timeout_s,
+            "triton.timeout_s": config.triton.timeout_s,
             "proxy.retry_after_s": proxy.retry_after_s,
             "proxy.max_in_flight_per_model": proxy.max_in_flight_per_model,
             "proxy.queue_size_per_model": proxy.queue_size_per_model,
@@ -383,17 +396,26 @@ class HttpFront:
         return [_canned(path, refusal(self.app))
                 for path, refusal in (("/v2/health/live", live_refusal), ("/v2/health/ready", ready_refusal))]
 
+    def documents(self) -> Documents:
+        """What http_routes' document routes read of the control plane's state now."""
+        core = self.core
+        models = [(model, core.filter.for_model(model) is not None, _model_ready(model_ready_refusal(self.app, model)))
+                  for model in self.app[STATES].names()]
+        return models, core.settings.allow_statistics, sorted(exposed_extension_names(core))
+
     def publish(self, *, force: bool = False) -> None:
         if self._native is None:
             return
         lanes, ended = self.lanes()
         health = self.health()
+        documents = self.documents()
         key = (tuple((m, id(s), _names(h), c, id(g), i, tuple((v, id(vs), _names(vh)) for v, vs, vh in p))
                      for m, s, h, c, g, i, p in lanes),
-               tuple((m, s, b, _names(v)) for m, s, b, *_, v in ended), tuple(health))
+               tuple((m, s, b, _names(v)) for m, s, b, *_, v in ended), tuple(health),
+               (tuple(documents[0]), *documents[1:2], tuple(documents[2])))
         if key == self._published and not force:
             return
-        self._native.publish(lanes, ended, health)
+        self._native.publish(lanes, ended, health, documents)
         self._published = key
 
     async def _run_tick(self) -> None:
@@ -525,6 +547,10 @@ def _canned(path: str, refusal: Refusal | None) -> Canned:
     if refusal is None:
         return path, 200, b"", None, ""
     return path, refusal.status, json.dumps(refusal.body()).encode(), refusal.retry_after, refusal.reason.value
+
+
+def _model_ready(refusal: Refusal | None) -> ModelReady:
+    return None if refusal is None else (refusal.status, json.dumps(refusal.body()).encode(), refusal.retry_after)
 
 
 def _names(names: list[str] | None) -> tuple[str, ...] | None:

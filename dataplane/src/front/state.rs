@@ -83,6 +83,9 @@ pub struct Snapshot {
     pub ended: HashMap<String, std::sync::Arc<Ended>>,
     /// By path; a path not here (before Python's first publish) is forwarded to the Python app.
     pub health: HashMap<String, std::sync::Arc<Canned>>,
+    /// What the v2 document routes need (front/documents.rs); None before Python's first publish
+    /// of it: those that need it are forwarded.
+    pub documents: Option<std::sync::Arc<super::documents::Documents>>,
 }
 
 /// The per-model breaker (as sidecar/serving/breaker.py): `capacity` requests at Triton, `queue`

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use std::os::fd::IntoRawFd;
 use std::os::unix::net::UnixStream;
 
+use crate::front::documents::{Documents, Guarded};
 use crate::front::events::{Event, Events};
 use crate::front::grpc::{self, GrpcFront, GrpcSettings};
 use crate::front::settings::Settings;
@@ -52,6 +53,9 @@ type VersionTuple<'py> = (String, PyRef<'py, RequestSpec>, Option<Vec<String>>);
 type EndedTuple = (String, u16, Vec<u8>, Option<u64>, String, Vec<u8>, Option<Vec<String>>);
 /// (path, status, JSON body or empty, Retry-After or None, reason label or "").
 type CannedTuple = (String, u16, Vec<u8>, Option<u64>, String);
+/// ([(model, named by an output filter, its /ready refusal (status, JSON body, Retry-After) or
+/// None)] in admission's order, proxy.allow_statistics, the v2 extensions GET /v2 shows).
+type DocumentsTuple = (Vec<(String, bool, Option<(u16, Vec<u8>, Option<u64>)>)>, bool, Vec<String>);
 
 /// (certificate chain PEM, key PEM, client CA bundle PEM or None, allowed client SANs, min version)
 /// as sidecar/fronts/tls.py loaded and checked them.
@@ -171,6 +175,7 @@ impl HttpFront {
             max_body_bytes: get("validation.max_body_bytes")? as usize,
             client_body_timeout: secs(get("proxy.client_body_timeout_s")?, "proxy.client_body_timeout_s")?,
             upstream_timeout: secs(get("proxy.upstream_timeout_s")?, "proxy.upstream_timeout_s")?,
+            triton_timeout: secs(get("triton.timeout_s")?, "triton.timeout_s")?,
             retry_after_s: get("proxy.retry_after_s")? as u64,
             max_in_flight_per_model: get("proxy.max_in_flight_per_model")? as usize,
             queue_size_per_model: get("proxy.queue_size_per_model")? as usize,
@@ -434,9 +439,16 @@ impl HttpFront {
     /// non-finite, generate limits, generation.idle_timeout_s, [(version, spec, hidden outputs or
     /// None)]); `ended`: (model, status, JSON body, Retry-After or None, reason label, the streams'
     /// error event, the versions it ends or None for all) for models whose requests at Triton must
-    /// end now; `health`: the answers of /v2/health/live and /ready as Python would give them now.
-    #[pyo3(signature = (lanes, ended, health = Vec::new()))]
-    fn publish(&self, lanes: Vec<LaneTuple<'_>>, ended: Vec<EndedTuple>, health: Vec<CannedTuple>) -> PyResult<()> {
+    /// end now; `health`: the answers of /v2/health/live and /ready as Python would give them now;
+    /// `documents`: what the v2 document routes need (None: they are forwarded).
+    #[pyo3(signature = (lanes, ended, health = Vec::new(), documents = None))]
+    fn publish(
+        &self,
+        lanes: Vec<LaneTuple<'_>>,
+        ended: Vec<EndedTuple>,
+        health: Vec<CannedTuple>,
+        documents: Option<DocumentsTuple>,
+    ) -> PyResult<()> {
         let mut breakers = self.breakers.lock().map_err(|_| PyRuntimeError::new_err("breakers poisoned"))?;
         let capacity = self.shared.settings.max_in_flight_per_model;
         let mut snapshot = Snapshot::default();
@@ -473,6 +485,24 @@ impl HttpFront {
         }
         for (path, status, body, retry_after, reason) in health {
             snapshot.health.insert(path, Arc::new(Canned { status, body: Bytes::from(body), retry_after, reason }));
+        }
+        if let Some((models, allow_statistics, extensions)) = documents {
+            let served = models.iter().map(|(name, ..)| name.as_str()).collect::<Vec<_>>().join(", ");
+            let models = models.into_iter().map(|(name, filtered, ready)| {
+                let not_ready = ready.map(|(status, body, retry_after)| Canned {
+                    status,
+                    body: Bytes::from(body),
+                    retry_after,
+                    reason: "not_ready".to_owned(),
+                });
+                (name, Guarded { filtered, not_ready })
+            });
+            snapshot.documents = Some(Arc::new(Documents {
+                models: models.collect(),
+                served,
+                allow_statistics,
+                extensions: extensions.into_iter().collect(),
+            }));
         }
         self.shared.publish(snapshot);
         self.shared.watchdog.control_seen();
