@@ -185,7 +185,8 @@ class HttpFront:
                           list[tuple[str, RequestSpec, list[str] | None]]]],
         ended: list[tuple[str, int, bytes, int | None, str, bytes, list[str] | None]],
         health: list[tuple[str, int, bytes, int | None, str]] = ...,
-        documents: tuple[list[tuple[str, bool, tuple[int, bytes, int | None] | None]], bool, list[str]] | None = ...,
+        documents: tuple[list[tuple[str, bool, tuple[int, bytes, int | None] | None, list[tuple[str, bool]] | None]],
+                         bool, list[str]] | None = ...,
     ) -> None:
         """lanes: (model, spec, hidden outputs or None, look for NaN/Inf, generate limits,
         generation.idle_timeout_s, [(version a client may pin, its spec, its hidden outputs or
@@ -194,7 +195,8 @@ class HttpFront:
         unversioned) or None for every version); health: (path, status, JSON body or b"",
         Retry-After or None, reason label or "") for /v2/health/live and /v2/health/ready;
         documents: ([(model, named by an output filter, its /ready refusal (status, JSON body,
-        Retry-After) or None)], proxy.allow_statistics, the extensions GET
+        Retry-After) or None, the filter's verdict on its declared outputs or None)],
+        proxy.allow_statistics, the extensions GET
         /v2 shows) for the v2 document routes, the control API and the router's 404s and 405s."""
     def drain_events(self) -> list[tuple[Any, ...]]:
         """Oldest first: ("answered", model, count), ("failed", model, kind, status, detail),

@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 import aiohttp
+import brotli
 
 from sidecar.app.probe_port import ProbeListener
 from sidecar.fronts.appkeys import LIFECYCLE, SERVING
@@ -181,7 +182,7 @@ async def test_what_the_front_does_not_serve_is_answered_by_the_python_app_behin
     handovers = front.handovers
     for method, path, data, status in (
             ("GET", "/readyz", None, 200),
-            ("GET", "/v2/models/credit_risk", None, 200),  # an output filter names it: Python rewrites it
+            ("GET", "/v2/models/credit_risk/versions/1", None, 200),  # filtered and pinned: Python rewrites it
             ("POST", "/v2/models/credit_risk/versions/7/infer", body, 404),  # a version Triton has not loaded
             ("POST", "/v2/models/no_such_model/infer", body, 404)):
         # A connection each: a handed-over connection stays with the Python app until it closes.
@@ -200,7 +201,8 @@ async def test_a_kept_alive_client_that_asks_for_metadata_keeps_its_infers_on_th
     body = json.dumps(credit_json()).encode()
     infer = (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
              % (CREDIT.encode(), len(body))) + body
-    metadata = b"GET /v2/models/credit_risk HTTP/1.1\r\nHost: x\r\n\r\n"
+    # A filtered model's pinned version: rewritten by the Python app (its spec is the Python chain's).
+    metadata = b"GET /v2/models/credit_risk/versions/1 HTTP/1.1\r\nHost: x\r\n\r\n"
     before_fast, before_handed = front.fast_requests, front.handovers
     reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
     try:
@@ -484,6 +486,8 @@ async def test_compressed_infer_bodies_are_inflated_by_the_front(triton, start):
     bomb = b"".join(packer.compress(zeros) for _ in range(256)) + packer.flush()
     assert len(bomb) < limit
     garbage = b"\x1f\x8b\x08\x00" + b"\xff" * 64  # a gzip header, then no deflate stream
+    br_bomb = brotli.compress(bytes(16 * limit), quality=1)
+    assert len(br_bomb) < limit
     before_fast, before_handed = front.fast_requests, front.handovers
     before_successes = triton_successes(triton, "credit_risk")
     peak = _peak_rss_bytes()
@@ -491,15 +495,20 @@ async def test_compressed_infer_bodies_are_inflated_by_the_front(triton, start):
         answers = {}
         for name, data, encoding in (("gzip", gzip.compress(body), "gzip"), ("deflate", zlib.compress(body), "deflate"),
                                      ("GZIP", gzip.compress(body), " GZIP "), ("bomb", bomb, "gzip"),
-                                     ("garbage", garbage, "gzip"), ("x-lzw", body, "x-lzw")):
+                                     ("garbage", garbage, "gzip"), ("x-lzw", body, "x-lzw"),
+                                     ("br", brotli.compress(body), "br"), ("br bomb", br_bomb, "br"),
+                                     ("br garbage", b"\xff" * 64, "br")):
             async with sidecar.session.post(sidecar.url + CREDIT, data=data,
                                             headers={**json_type, "Content-Encoding": encoding}) as r:
                 answers[name] = (r.status, await r.read())
     assert python.count == 0
     assert front.handovers == before_handed
-    assert front.fast_requests - before_fast == 6
-    assert answers["gzip"] == answers["deflate"] == answers["GZIP"] == plain
-    assert triton_successes(triton, "credit_risk") == before_successes + 3
+    assert front.fast_requests - before_fast == 9
+    assert answers["gzip"] == answers["deflate"] == answers["GZIP"] == answers["br"] == plain
+    assert triton_successes(triton, "credit_risk") == before_successes + 4
+    assert answers["br bomb"][0] == 413
+    assert json.loads(answers["br garbage"][1])["error"] == (
+        "request body cannot be read (br): 400, message:\n  Can not decode content-encoding: br")
     assert answers["bomb"][0] == 413
     assert json.loads(answers["bomb"][1]) == {
         "error": f"request body larger than {limit} bytes (validation.max_body_bytes)", "reason": "body_too_large",
@@ -514,12 +523,14 @@ async def test_compressed_infer_bodies_are_inflated_by_the_front(triton, start):
     assert json.loads(answers["x-lzw"][1]) == {
         "error": "Content-Encoding 'x-lzw' is not accepted; send the body uncompressed, gzip, deflate or br",
         "reason": "unsupported_media_type", "model": "credit_risk"}
-    for reason in ("body_too_large", "malformed", "unsupported_media_type"):
+    for reason, count in (("body_too_large", 2), ("malformed", 2), ("unsupported_media_type", 1)):
         assert sidecar.metric("triton_sidecar_proxy_rejections_total", protocol="http", model="credit_risk",
-                              reason=reason) == 1, reason
+                              reason=reason) == count, reason
     # The Python listener behind the front refuses the same bodies alike (one rule: the data plane's).
     back = f"http://127.0.0.1:{front.back.port}{CREDIT}"
-    for name, data, encoding in (("bomb", bomb, "gzip"), ("garbage", garbage, "gzip"), ("x-lzw", body, "x-lzw")):
+    # (br: aiohttp's decoder behind the front, as before, gives the same answers.)
+    for name, data, encoding in (("bomb", bomb, "gzip"), ("garbage", garbage, "gzip"), ("x-lzw", body, "x-lzw"),
+                                 ("br bomb", br_bomb, "br"), ("br garbage", b"\xff" * 64, "br")):
         async with sidecar.session.post(back, data=data, headers={**json_type, "Content-Encoding": encoding}) as r:
             assert r.status == answers[name][0], name
             assert {k: v for k, v in (await r.json()).items()} == json.loads(answers[name][1]), name
@@ -541,6 +552,8 @@ DOCUMENTS = (
     ("GET", "/v2/models/image_classifier", None, 200),
     ("GET", "/v2/models/image_classifier/config", None, 200),
     ("GET", "/v2/models/image_classifier/versions/1/config", None, 200),
+    ("GET", "/v2/models/credit_risk", None, 200),  # an output filter names it: hidden outputs removed
+    ("GET", "/v2/models/credit_risk/config", None, 200),
     ("GET", "/v2/models/image_classifier/ready", None, 200),
     ("GET", "/v2/models/image_classifier/versions/9/ready", None, 503),  # a version Triton has not loaded
     ("GET", "/v2/models/image_classifier/versions/x", None, 404),
@@ -581,9 +594,13 @@ async def test_documents_refusals_404s_and_405s_are_answered_by_the_front_as_the
         assert _comparable(answer) == _comparable(python_answer), (method, path)
     metadata = json.loads(answers[0][2])
     assert "extensions" in metadata and "logging" not in metadata["extensions"]
-    assert json.loads(answers[10][2])["reason"] == "forbidden_endpoint"
-    assert json.loads(answers[14][2])["reason"] == "unknown_path"
-    assert json.loads(answers[5][2])["reason"] == "not_ready"
+    assert json.loads(answers[12][2])["reason"] == "forbidden_endpoint"
+    assert json.loads(answers[16][2])["reason"] == "unknown_path"
+    assert json.loads(answers[7][2])["reason"] == "not_ready"
+    # credit_risk's rule hides its income_prob* outputs: gone from its metadata and config, counted.
+    for doc in (json.loads(answers[4][2])["outputs"], json.loads(answers[5][2])["output"]):
+        assert [o["name"] for o in doc] == ["scores"]
+    assert sidecar.metric("triton_sidecar_outputs_filtered_total", model="credit_risk", output="income_prob") == 2 * 2
     # Counted as the Python chain counts them (the front's and the app's answers alike).
     for model, reason, count in (("_server_", "forbidden_endpoint", 6), ("_unknown_", "unknown_path", 1),
                                  ("_unknown_", "method_not_allowed", 2), ("_unknown_", "unknown_model", 1),

@@ -730,13 +730,14 @@ async def test_an_https_collector_gets_both_sides_spans_and_one_signed_by_anothe
             front = await _lane(sidecar, "credit_risk")
             status, _ = await _http_infer(sidecar, credit_json(seed=15), {"x-request-id": f"tls-{trusted}"})
             assert status == 200
-            async with sidecar.session.get(sidecar.url + "/v2/models/credit_risk",
+            # A filtered model's pinned version: its metadata is rewritten by the Python side.
+            async with sidecar.session.get(sidecar.url + "/v2/models/credit_risk/versions/1",
                                            headers={"x-request-id": f"tls-meta-{trusted}"}) as r:
                 assert r.status == 200
             assert front.fast_requests >= 1 and front.handovers >= 1
             if trusted == "ca.pem":
                 for request_id, name in ((f"tls-{trusted}", HTTP_INFER_SPAN),
-                                         (f"tls-meta-{trusted}", "GET /v2/models/{model}")):
+                                         (f"tls-meta-{trusted}", "GET /v2/models/{model}/versions/{version}")):
                     spans = await wait_for(lambda r=request_id: collector.find(attributes={"sidecar.request_id": r}),
                                            10, what=f"{request_id}'s span over https")
                     assert spans[0].name == name, spans

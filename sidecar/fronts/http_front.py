@@ -10,7 +10,7 @@ published to it as a *lane* without entering Python, and the same to a version o
 all run on its runtime thread(s). It also answers the rest of the v2 routes as http_routes does
 (Triton's documents and statistics, a model's readiness, the control API refused, the router's
 404s and 405s: dataplane/src/front/documents.rs), and inflates gzip/deflate infer bodies.
-Everything else (kubelet endpoints, /metrics, a filtered model's metadata and config, a version
+Everything else (kubelet endpoints, /metrics, a filtered model's pinned or ensemble documents, a version
 whose spec is not fetched yet or that is not loaded, a rollout, a model on hold or quarantined, a
 per-model rule file, a drift reference) is handed, with the very bytes the client sent, to the
 Python listener (sidecar.fronts.http_listener) on a loopback port behind it, which answers exactly
@@ -96,10 +96,11 @@ Canned = tuple[str, int, bytes, int | None, str]
 #: (status, JSON body, Retry-After) of a model's /ready refused from the sidecar's view, None when
 #: Triton is asked.
 ModelReady = tuple[int, bytes, int | None] | None
-#: ([(model, named by an output filter, its /ready refusal)] in the order admission names them,
-#: proxy.allow_statistics, the v2 extensions GET /v2 shows): what the front needs to answer the v2
-#: document routes, the control API's refusals and the router's 404s and 405s as http_routes does.
-Documents = tuple[list[tuple[str, bool, ModelReady]], bool, list[str]]
+#: ([(model, named by an output filter, its /ready refusal, the filter's verdict on each output its
+#: spec declares or None)] in the order admission names them, proxy.allow_statistics, the v2
+#: extensions GET /v2 shows): what the front needs to answer the v2 document routes, the control
+#: API's refusals and the router's 404s and 405s as http_routes does.
+Documents = tuple[list[tuple[str, bool, ModelReady, list[tuple[str, bool]] | None]], bool, list[str]]
 #: The front's runtime threads, as /healthz names them when they stop turning. The other way round,
 #: the front answers /healthz and /readyz 503 itself when this loop stops touching it (every tick)
 #: for longer than liveness.watchdog_stall_s (dataplane/src/front/watchdog.rs).
@@ -399,8 +400,12 @@ class HttpFront:
     def documents(self) -> Documents:
         """What http_routes' document routes read of the control plane's state now."""
         core = self.core
-        models = [(model, core.filter.for_model(model) is not None, _model_ready(model_ready_refusal(self.app, model)))
-                  for model in self.app[STATES].names()]
+        models = []
+        for model in self.app[STATES].names():
+            is_hidden = core.filter.for_model(model)
+            spec = core.specs.cached(model, "") if is_hidden is not None else None
+            judged = [(o, bool(is_hidden(o))) for o in spec.outputs] if is_hidden and spec and spec.outputs else None
+            models.append((model, is_hidden is not None, _model_ready(model_ready_refusal(self.app, model)), judged))
         return models, core.settings.allow_statistics, sorted(exposed_extension_names(core))
 
     def publish(self, *, force: bool = False) -> None:
@@ -412,7 +417,8 @@ class HttpFront:
         key = (tuple((m, id(s), _names(h), c, id(g), i, tuple((v, id(vs), _names(vh)) for v, vs, vh in p))
                      for m, s, h, c, g, i, p in lanes),
                tuple((m, s, b, _names(v)) for m, s, b, *_, v in ended), tuple(health),
-               (tuple(documents[0]), *documents[1:2], tuple(documents[2])))
+               (tuple((m, f, r, None if j is None else tuple(j)) for m, f, r, j in documents[0]), documents[1],
+                tuple(documents[2])))
         if key == self._published and not force:
             return
         self._native.publish(lanes, ended, health, documents)

@@ -95,6 +95,8 @@ enum Fetched {
     Server,
     /// A model's /ready: 200 empty, else not_ready with Triton's words.
     Ready,
+    /// A filtered model's metadata or (`config`) config: its hidden outputs removed.
+    Filtered { config: bool },
 }
 
 /// What follows a refusal given before the whole request was read.
@@ -649,8 +651,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                                 }
                             }
                         }
-                        // An output filter names the model: the Python chain rewrites its documents.
-                        Some(guarded) if guarded.filtered && suffix != "/stats" => return None,
+                        // An output filter names the model: its documents lose their hidden outputs,
+                        // judged by what Python published of its spec (a pinned version's, or
+                        // before the spec is fetched: the Python chain's).
+                        Some(guarded) if guarded.filtered && suffix != "/stats" => {
+                            if !version.is_empty() || guarded.outputs.is_none() {
+                                return None;
+                            }
+                            let upstream = documents::model_path(&model, &version, suffix);
+                            fetch(&model, &model, upstream, Fetched::Filtered { config: suffix == "/config" })
+                        }
                         Some(_) => {
                             let upstream = documents::model_path(&model, &version, suffix);
                             fetch(&model, &model, upstream, Fetched::Passthrough)
@@ -746,6 +756,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                         let words = lane::triton_error_message(&body);
                         let message = format!("Triton says model {model} is not ready ({words})");
                         refusal("not_ready", 503, &message, &model, &[])
+                    }
+                    Ok((200, _, body)) if matches!(kind, Fetched::Filtered { .. }) => {
+                        let config = kind == Fetched::Filtered { config: true };
+                        let snapshot = shared.state.load();
+                        let outputs = snapshot.documents.as_ref().and_then(|d| d.models.get(&model)?.outputs.as_ref());
+                        let Some((doc, dropped)) = outputs.and_then(|o| documents::filtered_document(&body, config, o))
+                        else {
+                            return self.forward(head).await;
+                        };
+                        for output in &dropped {
+                            shared.metrics.outputs_filtered.inc(&[model.as_str(), output.as_str()]);
+                        }
+                        Reply {
+                            status: 200,
+                            content_type: JSON_REFUSAL.to_owned(),
+                            header_length: None,
+                            retry_after: None,
+                            body: Bytes::from(doc),
+                            reason: "",
+                        }
                     }
                     Ok((status, _, body)) if status >= 500 => {
                         let message = format!("Triton answered {status}: {}", lane::triton_error_message(&body));
@@ -1153,8 +1183,8 @@ fn media_type(head: &Head) -> String {
 }
 
 /// How the lane reads an infer body (http_routes.check_body_headers, in its order: the type first,
-/// then the encoding): as sent, inflated, or refused 415; None for br and zstd, which aiohttp
-/// behind the front inflates (its ENCODINGS).
+/// then the encoding): as sent, inflated, or refused 415; None for zstd, which aiohttp behind the
+/// front inflates when its library is installed (its ENCODINGS).
 fn body_coding(head: &Head) -> Option<Coding> {
     let ctype = media_type(head);
     if !matches!(ctype.as_str(), "" | "application/json" | "application/octet-stream") {
@@ -1169,7 +1199,8 @@ fn body_coding(head: &Head) -> Option<Coding> {
         "" | "identity" => Coding::Identity,
         "gzip" => Coding::Gzip,
         "deflate" => Coding::Deflate,
-        "br" | "zstd" => return None,
+        "br" => Coding::Brotli,
+        "zstd" => return None,
         _ => Coding::Refused(format!(
             "Content-Encoding {} is not accepted; send the body uncompressed, gzip, deflate or br",
             repr_str(&cut(&encoding, 120))

@@ -3,22 +3,21 @@
 //! API refused (403 `forbidden_endpoint`, every method), a `/v2` path no route has (404
 //! `unknown_path`) or a method its route does not take (405), a model the sidecar does not guard (404
 //! `unknown_model`), and Triton's documents read through the front's own client: a model's readiness,
-//! `GET /v2` (its
-//! extensions filtered), a model's metadata and config (when no output filter names the model: the
-//! Python chain rewrites those), its statistics and the server's (`proxy.allow_statistics`).
+//! `GET /v2` (its extensions filtered), a model's metadata and config (its hidden outputs removed
+//! when an output filter names it), its statistics and the server's (`proxy.allow_statistics`).
 //!
 //! The routes are aiohttp's as http_routes registers them, matched in its order: the first route
 //! whose path matches and takes the method answers; a path some route matches with none taking the
 //! method is 405 with the methods they take. A model's `/ready` is refused as Python published it
 //! (its problems from the sidecar's view), else Triton is asked. What still needs Python (a
-//! filtered document, the health endpoints before their first publish, names to percent-decode, a
-//! query string, HEAD) is not routed here and goes to the Python app as before.
+//! filtered pinned version's or ensemble's document, the health endpoints before their first
+//! publish, names to percent-decode, a query string, HEAD) goes to the Python app as before.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
 use crate::protocol::json::{self, Value};
-use crate::protocol::pytext::{cut, json_string, repr_str};
+use crate::protocol::pytext::{cut, float_repr, json_string, repr_str};
 
 /// The state the document routes need from Python (published with each snapshot).
 #[derive(Default)]
@@ -40,6 +39,9 @@ pub struct Guarded {
     /// Its `/ready` refused from the sidecar's view (http_routes.model_ready_refusal); None: Triton
     /// is asked.
     pub not_ready: Option<super::state::Canned>,
+    /// When filtered: the output filter's verdict on each output its spec declares (hidden or not),
+    /// so that its metadata and config are rewritten here; None (no spec yet): the Python chain's.
+    pub outputs: Option<HashMap<String, bool>>,
 }
 
 /// What a request the lane did not take becomes.
@@ -251,12 +253,68 @@ pub fn server_metadata(body: &[u8], exposed: &HashSet<String>) -> Option<String>
     write_plain(&Value::Object(members), &mut out).then_some(out)
 }
 
-/// json.dumps of strings, booleans, null, arrays and objects; false for anything else.
+/// A filtered model's metadata (`config` false) or config without its hidden outputs, as
+/// filtering.hide_in_metadata and hide_in_config remove them, written as json.dumps writes what
+/// rapidjson read (http_routes._filtered_document); with the outputs dropped. None for a document
+/// this cannot judge or write exactly (an output the spec does not declare, an ensemble's steps,
+/// not a JSON object, NaN): the Python app answers it then.
+pub fn filtered_document(body: &[u8], config: bool, outputs: &HashMap<String, bool>) -> Option<(String, Vec<String>)> {
+    let Ok(Value::Object(mut members)) = json::parse(body) else { return None };
+    let key = if config { "output" } else { "outputs" };
+    if config {
+        // Its steps' output maps name the ensemble's inner tensors, which only the filter's own
+        // patterns can judge.
+        if let Some((_, Value::Object(scheduling))) = members.iter().find(|(k, _)| k == "ensemble_scheduling") {
+            if scheduling.iter().any(|(k, v)| k == "step" && v.is_array()) {
+                return None;
+            }
+        }
+    }
+    let listed: Vec<Value> = match members.iter().find(|(k, _)| k == key) {
+        None => Vec::new(),
+        Some((_, value)) => value.items()?.into_owned(),
+    };
+    let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+    for item in listed {
+        let name = match &item {
+            Value::Object(fields) => match fields.iter().find(|(k, _)| k == "name") {
+                Some((_, Value::Str(name))) => name.to_string(),
+                _ => return None,
+            },
+            _ => return None,
+        };
+        match outputs.get(&name) {
+            None => return None,
+            Some(true) => dropped.push(name),
+            Some(false) => kept.push(item),
+        }
+    }
+    match members.iter_mut().find(|(k, _)| k == key) {
+        Some((_, value)) => *value = Value::Array(kept),
+        None => members.push((key.into(), Value::Array(kept))),
+    }
+    let mut out = String::with_capacity(body.len());
+    write_plain(&Value::Object(members), &mut out).then_some((out, dropped))
+}
+
+/// json.dumps of what rapidjson read: strings, numbers (a Python int as its digits, a float as its
+/// repr), booleans, null, arrays and objects; false for NaN and the infinities.
 fn write_plain(value: &Value, out: &mut String) -> bool {
     match value {
         Value::Null => out.push_str("null"),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
         Value::Str(s) => json_string(s, out),
+        Value::Number { text, .. } => match value.number() {
+            Some(json::Number::Int(v)) => out.push_str(&v.to_string()),
+            Some(json::Number::UInt(v)) => out.push_str(&v.to_string()),
+            Some(json::Number::BigInt) => out.push_str(text),
+            Some(json::Number::Float(f)) if f.is_finite() => out.push_str(&float_repr(f)),
+            _ => return false,
+        },
+        Value::Numbers(_) => {
+            let Some(items) = value.items() else { return false };
+            return write_plain(&Value::Array(items.into_owned()), out);
+        }
         Value::Array(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
@@ -360,8 +418,29 @@ mod tests {
             r#"{"name": "triton", "version": "2.1", "extensions": ["classification", "parameters"]}"#
         );
         assert_eq!(server_metadata(br#"{"name":"t"}"#, &exposed).unwrap(), r#"{"name": "t", "extensions": []}"#);
-        assert_eq!(server_metadata(br#"{"n":1.5,"extensions":[]}"#, &exposed), None);
+        assert_eq!(
+            server_metadata(br#"{"n":1.50,"m":[1,-0,2e3],"extensions":[]}"#, &exposed).unwrap(),
+            r#"{"n": 1.5, "m": [1, 0, 2000.0], "extensions": []}"#
+        );
         assert_eq!(model_path("a b/c", "3", "/config"), "/v2/models/a%20b%2Fc/versions/3/config");
         assert_eq!(unknown_model_message("x", "a, b"), "unknown model 'x'; served: a, b");
+    }
+
+    #[test]
+    fn a_filtered_document_loses_its_hidden_outputs_as_hide_in_metadata_and_hide_in_config_drop_them() {
+        let outputs: HashMap<String, bool> = [("scores".to_owned(), false), ("logits".to_owned(), true)].into();
+        let metadata = br#"{"name":"m","outputs":[{"name":"scores","shape":[-1,1]},{"name":"logits","shape":[1]}]}"#;
+        let (doc, dropped) = filtered_document(metadata, false, &outputs).unwrap();
+        assert_eq!(doc, r#"{"name": "m", "outputs": [{"name": "scores", "shape": [-1, 1]}]}"#);
+        assert_eq!(dropped, ["logits"]);
+        let config = br#"{"name":"m","output":[{"name":"logits","dims":["1"]}],"max_batch_size":8}"#;
+        let (doc, dropped) = filtered_document(config, true, &outputs).unwrap();
+        assert_eq!(doc, r#"{"name": "m", "output": [], "max_batch_size": 8}"#);
+        assert_eq!(dropped, ["logits"]);
+        assert_eq!(filtered_document(br#"{"name":"m"}"#, true, &outputs).unwrap().0, r#"{"name": "m", "output": []}"#);
+        // An output the spec does not declare, an ensemble's steps: the Python chain judges them.
+        assert_eq!(filtered_document(br#"{"outputs":[{"name":"other"}]}"#, false, &outputs), None);
+        let ensemble = br#"{"output":[],"ensemble_scheduling":{"step":[{"output_map":{"a":"logits"}}]}}"#;
+        assert_eq!(filtered_document(ensemble, true, &outputs), None);
     }
 }

@@ -49,6 +49,7 @@ pub enum Coding {
     Identity,
     Gzip,
     Deflate,
+    Brotli,
     /// An unsupported type or encoding: 415 with this message.
     Refused(String),
 }
@@ -127,20 +128,25 @@ const INFLATE_INLINE_BYTES: usize = 16 * 1024;
 /// (http_routes.check_body_headers, unreadable_body); None when it may go on.
 async fn unpack(shared: &Shared, request: &mut Infer) -> Option<Reply> {
     let model = request.model.as_str();
-    let (gzip, encoding) = match &request.coding {
+    let encoding = match &request.coding {
         Coding::Identity => return None,
         Coding::Refused(message) => {
             return Some(rejected(shared, model, refusal("unsupported_media_type", 415, message, model, &[])));
         }
-        Coding::Gzip => (true, "gzip"),
-        Coding::Deflate => (false, "deflate"),
+        Coding::Gzip => "gzip",
+        Coding::Deflate => "deflate",
+        Coding::Brotli => "br",
     };
     let limit = shared.settings.max_body_bytes;
+    let unpacked = move |body: &[u8]| match encoding {
+        "br" => inflate::unbrotli(body, limit),
+        _ => inflate::inflate(body, encoding == "gzip", limit),
+    };
     let inflated = if request.body.len() <= INFLATE_INLINE_BYTES {
-        inflate::inflate(&request.body, gzip, limit)
+        unpacked(&request.body)
     } else {
         let body = request.body.clone();
-        match tokio::task::spawn_blocking(move || inflate::inflate(&body, gzip, limit)).await {
+        match tokio::task::spawn_blocking(move || unpacked(&body)).await {
             Ok(inflated) => inflated,
             // A panic while inflating ends this request as any panic in its task does (500).
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),

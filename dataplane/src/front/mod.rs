@@ -6,7 +6,7 @@
 //! validation, breaker, Triton, screening, counters) without entering Python, to it or to a version
 //! of it a client pinned. The rest of the v2 routes (Triton's documents, statistics, readiness, the
 //! control API refused, the router's 404s and 405s) are answered by `documents` as the Python app
-//! answers them. Whatever the front does not serve yet (a filtered model's metadata and config, the
+//! answers them. Whatever the front does not serve yet (a filtered model's pinned version's documents, the
 //! app's own endpoints, a version whose spec is not fetched yet, a rollout, a model on hold...) is handed, with
 //! the very bytes the client sent, to the Python app listening on a loopback port behind it, which
 //! answers it exactly as before.

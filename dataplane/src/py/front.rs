@@ -54,8 +54,10 @@ type EndedTuple = (String, u16, Vec<u8>, Option<u64>, String, Vec<u8>, Option<Ve
 /// (path, status, JSON body or empty, Retry-After or None, reason label or "").
 type CannedTuple = (String, u16, Vec<u8>, Option<u64>, String);
 /// ([(model, named by an output filter, its /ready refusal (status, JSON body, Retry-After) or
-/// None)] in admission's order, proxy.allow_statistics, the v2 extensions GET /v2 shows).
-type DocumentsTuple = (Vec<(String, bool, Option<(u16, Vec<u8>, Option<u64>)>)>, bool, Vec<String>);
+/// None, the filter's verdict on its declared outputs or None)] in admission's order,
+/// proxy.allow_statistics, the v2 extensions GET /v2 shows).
+type DocumentsTuple = (Vec<GuardedTuple>, bool, Vec<String>);
+type GuardedTuple = (String, bool, Option<(u16, Vec<u8>, Option<u64>)>, Option<Vec<(String, bool)>>);
 
 /// (certificate chain PEM, key PEM, client CA bundle PEM or None, allowed client SANs, min version)
 /// as sidecar/fronts/tls.py loaded and checked them.
@@ -488,14 +490,15 @@ impl HttpFront {
         }
         if let Some((models, allow_statistics, extensions)) = documents {
             let served = models.iter().map(|(name, ..)| name.as_str()).collect::<Vec<_>>().join(", ");
-            let models = models.into_iter().map(|(name, filtered, ready)| {
+            let models = models.into_iter().map(|(name, filtered, ready, outputs)| {
                 let not_ready = ready.map(|(status, body, retry_after)| Canned {
                     status,
                     body: Bytes::from(body),
                     retry_after,
                     reason: "not_ready".to_owned(),
                 });
-                (name, Guarded { filtered, not_ready })
+                let outputs = outputs.map(|judged| judged.into_iter().collect());
+                (name, Guarded { filtered, not_ready, outputs })
             });
             snapshot.documents = Some(Arc::new(Documents {
                 models: models.collect(),
