@@ -567,6 +567,9 @@ DOCUMENTS = (
     ("GET", "/v2/nothing", None, 404),
     ("POST", "/v2", b"{}", 405),
     ("GET", "/v2/models/image_classifier/infer", None, 405),
+    ("GET", "/v1/models/credit_risk:predict", None, 404),
+    ("DELETE", "/admin", None, 404),
+    ("POST", "/metrics", b"{}", 405),
 )
 
 
@@ -602,8 +605,8 @@ async def test_documents_refusals_404s_and_405s_are_answered_by_the_front_as_the
         assert [o["name"] for o in doc] == ["scores"]
     assert sidecar.metric("triton_sidecar_outputs_filtered_total", model="credit_risk", output="income_prob") == 2 * 2
     # Counted as the Python chain counts them (the front's and the app's answers alike).
-    for model, reason, count in (("_server_", "forbidden_endpoint", 6), ("_unknown_", "unknown_path", 1),
-                                 ("_unknown_", "method_not_allowed", 2), ("_unknown_", "unknown_model", 1),
+    for model, reason, count in (("_server_", "forbidden_endpoint", 6), ("_unknown_", "unknown_path", 3),
+                                 ("_unknown_", "method_not_allowed", 3), ("_unknown_", "unknown_model", 1),
                                  ("image_classifier", "unknown_model", 1)):
         assert sidecar.metric("triton_sidecar_proxy_rejections_total", protocol="http", model=model,
                               reason=reason) == 2 * count, (model, reason)

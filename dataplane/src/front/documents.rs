@@ -8,7 +8,9 @@
 //!
 //! The routes are aiohttp's as http_routes registers them, matched in its order: the first route
 //! whose path matches and takes the method answers; a path some route matches with none taking the
-//! method is 405 with the methods they take. A model's `/ready` is refused as Python published it
+//! method is 405 with the methods they take (the app's own routes too: /healthz, /readyz, /status,
+//! /metrics and /drift/{model}/record stay the Python app's, but a path none of them has is the
+//! front's 404). A model's `/ready` is refused as Python published it
 //! (its problems from the sidecar's view), else Triton is asked. What still needs Python (a
 //! filtered pinned version's or ensemble's document, the health endpoints before their first
 //! publish, names to percent-decode, a query string, HEAD) goes to the Python app as before.
@@ -76,10 +78,7 @@ pub fn route(method: &str, path: &str) -> Option<Route> {
     if method == "HEAD" || path.contains(['?', '#', '%', '{', '}']) || path.contains("//") || path.contains("/.") {
         return None;
     }
-    if path != "/v2" && !path.starts_with("/v2/") {
-        return None; // the app's own routes (/healthz, /metrics, /drift/...) and its 404s
-    }
-    let matched = resources(path);
+    let matched = if path == "/v2" || path.starts_with("/v2/") { resources(path) } else { app_resources(path) };
     let mut allowed: Vec<&str> = Vec::new();
     for (methods, target) in matched {
         if methods.contains(&"*") || methods.contains(&method) {
@@ -93,6 +92,25 @@ pub fn route(method: &str, path: &str) -> Option<Route> {
     allowed.sort_unstable();
     allowed.dedup();
     Some(Route::MethodNotAllowed(allowed.join(", ")))
+}
+
+/// The app's own routes (sidecar/app/factory.py adds them before the v2 routes), which the Python
+/// app answers: the front only tells their 405s and the 404 of a path no route has.
+fn app_resources(path: &str) -> Vec<Matched> {
+    match path {
+        "/healthz" | "/readyz" | "/status" | "/metrics" => vec![(GET, None)],
+        _ => {
+            let drift = path
+                .strip_prefix("/drift/")
+                .and_then(|rest| rest.strip_suffix("/record"))
+                .is_some_and(|model| !model.is_empty() && !model.contains('/'));
+            if drift {
+                vec![(POST, None)]
+            } else {
+                Vec::new()
+            }
+        }
+    }
 }
 
 /// Every route whose path matches, in the order http_routes (then generate_routes) added them.
@@ -386,6 +404,12 @@ mod tests {
         }
         for path in ["/healthz", "/metrics", "/v2/models/a%2Fb", "/v2?x=1", "/v2//models", "/v2/models/x/../m"] {
             assert_eq!(route("GET", path), None, "{path}");
+        }
+        assert_eq!(route("POST", "/drift/m/record"), None);
+        assert_eq!(route("GET", "/drift/m/record"), Some(Route::MethodNotAllowed("POST".to_owned())));
+        assert_eq!(route("POST", "/metrics"), Some(Route::MethodNotAllowed("GET, HEAD".to_owned())));
+        for path in ["/", "/admin", "/v1/models/m:predict", "/v2x", "/drift/m/x", "/healthz/"] {
+            assert_eq!(route("GET", path), Some(Route::UnknownPath), "{path}");
         }
         assert_eq!(route("HEAD", "/v2"), None);
         let templates = [
