@@ -590,6 +590,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 let message = documents::method_not_allowed_message(&head.method, path, &allowed);
                 refuse(UNKNOWN_LABEL, "method_not_allowed", 405, &message, "")
             }
+            Route::Inference { model, .. } => {
+                // A model the sidecar guards that is not a lane (on hold, quarantined, in a rollout,
+                // a version not published...) is the Python chain's; one it does not guard is
+                // refused here (admission.tracked), its body read and thrown away as the Python
+                // listener read it.
+                let docs = snapshot.documents.as_ref()?;
+                if docs.models.is_empty() || docs.models.contains_key(&model) {
+                    return None;
+                }
+                let message = documents::unknown_model_message(&model, &docs.served);
+                refuse(UNKNOWN_LABEL, "unknown_model", 404, &message, "")
+            }
             // Triton's documents are fetched for requests without a body (a GET's is never read),
             // so that the Python app can still answer one the front cannot write exactly.
             _ if has_body => return None,

@@ -61,6 +61,9 @@ pub enum Route {
     ServerStats,
     /// A model's document: metadata (""), "/config", "/stats" or "/ready", of a version ("" = none).
     Model { model: String, version: String, suffix: &'static str },
+    /// An infer or generate the lane did not take: the front refuses a model the sidecar does not
+    /// guard; any other is the Python chain's.
+    Inference { model: String, version: String, suffix: &'static str },
 }
 
 const GET: &[&str] = &["GET", "HEAD"];
@@ -137,14 +140,18 @@ fn resources(path: &str) -> Vec<Matched> {
             };
             // Per prefix, in http_routes' order: infer, metadata, ready, config, stats, then the
             // control API; generate and generate_stream after them all.
+            let inference = |suffix: &'static str| {
+                Some(Route::Inference { model: model.to_owned(), version: version.to_owned(), suffix })
+            };
             match tail {
-                ["infer"] => out.push((POST, None)),
+                ["infer"] => out.push((POST, inference("/infer"))),
                 [] => out.push((GET, document(""))),
                 ["ready"] => out.push((GET, document("/ready"))),
                 ["config"] => out.push((GET, document("/config"))),
                 ["stats"] => out.push((GET, document("/stats"))),
                 ["trace", "setting"] | ["infer_stream"] => out.push((ANY, Some(Route::Forbidden))),
-                ["generate"] | ["generate_stream"] => out.push((POST, None)),
+                ["generate"] => out.push((POST, inference("/generate"))),
+                ["generate_stream"] => out.push((POST, inference("/generate_stream"))),
                 _ => {}
             }
             // `/v2/models/{m}/versions/{v}` read as a model with a 3-segment tail never matches;
@@ -172,7 +179,9 @@ pub fn template(route: &Route, path: &str) -> String {
         Route::UnknownPath | Route::MethodNotAllowed(_) => String::new(),
         Route::Server => "/v2".to_owned(),
         Route::ServerStats => "/v2/models/stats".to_owned(),
-        Route::Model { version, suffix, .. } => format!("{}{suffix}", model_prefix(!version.is_empty())),
+        Route::Model { version, suffix, .. } | Route::Inference { version, suffix, .. } => {
+            format!("{}{suffix}", model_prefix(!version.is_empty()))
+        }
         Route::Forbidden => {
             for prefix in ["/v2/repository", "/v2/systemsharedmemory", "/v2/cudasharedmemory"] {
                 if path.starts_with(prefix) {
@@ -381,7 +390,10 @@ mod tests {
         assert_eq!(route("GET", "/v2/models/m/versions/x"), model("m", "x", ""));
         assert_eq!(route("GET", "/v2/models/m/stats"), model("m", "", "/stats"));
         assert_eq!(route("GET", "/v2/models/m/ready"), model("m", "", "/ready"));
-        assert_eq!(route("POST", "/v2/models/m/infer"), None);
+        assert_eq!(
+            route("POST", "/v2/models/m/versions/3/infer"),
+            Some(Route::Inference { model: "m".to_owned(), version: "3".to_owned(), suffix: "/infer" })
+        );
         assert_eq!(route("GET", "/v2/health/ready"), None);
         for (method, path) in [
             ("POST", "/v2/repository/models/m/load"),
