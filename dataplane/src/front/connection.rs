@@ -694,13 +694,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         // The router's 404 and 405 name no request id (aiohttp's middleware answered them before
         // any request scope, without the client's traceparent): a new one is logged, none is sent.
         let routed = !route.is_empty();
-        let span = shared.tracing.as_ref().and_then(|tracing| {
-            let method = head.method.as_str();
-            let name = if routed { format!("{method} {route}") } else { method.to_owned() };
-            let (traceparent, tracestate) =
-                if routed { (head.get("traceparent"), head.get("tracestate")) } else { (None, None) };
-            tracing.python_span(name, traceparent, tracestate)
-        });
+        let opened = std::time::SystemTime::now();
         let (label, reply, sent_id) = match how {
             How::Refuse { label, reply } => {
                 // A body the route never reads is read and thrown away, as the Python app's was.
@@ -827,6 +821,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
                 (label, reply, true)
             }
         };
+        let span = shared.tracing.as_ref().and_then(|tracing| {
+            let method = head.method.as_str();
+            let name = if routed { format!("{method} {route}") } else { method.to_owned() };
+            let (traceparent, tracestate) =
+                if routed { (head.get("traceparent"), head.get("tracestate")) } else { (None, None) };
+            tracing.span_since(name, traceparent, tracestate, opened)
+        });
         let client_id = request_id(head.get("x-request-id"));
         let logged_id = if sent_id { client_id } else { request_id(None) };
         let (trace, span_id) = match &span {
