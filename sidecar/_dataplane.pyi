@@ -58,6 +58,9 @@ def screen_infer_response(
 ) -> tuple[bytes | None, int | None, list[str], list[str]]:
     """(new body or None when untouched, header length, dropped outputs, non-finite outputs)."""
 
+def inflate(body: bytes, encoding: str, limit: int) -> bytes | None:
+    """The body inflated ("gzip" or "deflate"), None past `limit` bytes; ValueError: a corrupt stream."""
+
 class RequestMetrics:
     """Per-request counters kept as atomics; sidecar.metrics.DataPlaneCollector exports them."""
 
@@ -202,6 +205,8 @@ class HttpFront:
         health: list[tuple[str, int, bytes, int | None, str]] = ...,
         serving: list[tuple[str, bool]] | None = ...,
         guards: list[tuple[str, bool, bool, str]] | None = ...,
+        documents: tuple[list[tuple[str, bool, tuple[int, bytes, int | None] | None, list[tuple[str, bool]] | None]],
+                         bool, list[str]] | None = ...,
     ) -> None:
         """lanes: (model, spec, hidden outputs or None, look for NaN/Inf, generate limits,
         generation.idle_timeout_s, [(version a client may pin, its spec, its hidden outputs or
@@ -213,7 +218,11 @@ class HttpFront:
         grpc.health.v1's status of each service it knows ("" the pod, each guarded model; True for
         SERVING), None while the gRPC front is grpcio's; guards: (model, suspect, may be held for a
         heal, fallback version or "") for every guarded model (None: each lane's and ended model,
-        neither suspect nor held nor routed)."""
+        neither suspect nor held nor routed);
+        documents: ([(model, named by an output filter, its /ready refusal (status, JSON body,
+        Retry-After) or None, the filter's verdict on its declared outputs or None)],
+        proxy.allow_statistics, the extensions GET /v2 shows) for the v2 document routes, the
+        control API and the router's 404s and 405s."""
     def drain_events(self) -> list[tuple[Any, ...]]:
         """Oldest first: ("answered", model, count), ("failed", model, kind, status, detail),
         ("non_finite", model, outputs), ("ended", model, count), ("log", request_id, trace_id, model,

@@ -283,8 +283,9 @@ class ProxySection:
     hold_while_suspect_ms: float = 0.0
     #: An answer with NaN/Inf where the golden expectations hold none becomes a 502.
     block_non_finite_outputs: bool = True
-    #: Proxy Triton's statistics endpoints too (they reveal model names and load).
-    allow_statistics: bool = False
+    #: Proxy Triton's statistics endpoints (read-only: perf_analyzer and Triton's client examples read
+    #: them); false denies them (403 / PERMISSION_DENIED): they reveal model names and load.
+    allow_statistics: bool = True
     #: Consecutive 5xx answers from Triton for a model that trigger an immediate probe.
     passive_failure_threshold: int = 3
     #: Retry-After (s) sent with 503s for quarantined models.

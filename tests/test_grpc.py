@@ -60,6 +60,8 @@ def grpc_config(triton, **kwargs):  # type: ignore[no-untyped-def]
 @pytest.fixture
 async def grpc_sidecar(triton, start):  # type: ignore[no-untyped-def]
     config = grpc_config(triton)
+    # Statistics are served by default; these tests deny them as the control API is denied.
+    config = replace(config, proxy=replace(config.proxy, allow_statistics=False))
     sidecar = await started_and_healthy(start, config)
     sidecar.grpc = f"127.0.0.1:{config.listen.grpc_port}"
     return sidecar

@@ -10,14 +10,17 @@ test_generate, test_generation, test_versions and test_tls again with SIDECAR_TE
 from __future__ import annotations
 
 import asyncio
+import gzip
 import http.client
 import json
 import threading
 import time
+import zlib
 from dataclasses import replace
 from typing import Any
 
 import aiohttp
+import brotli
 
 from sidecar.app.factory import apply_config
 from sidecar.app.probe_port import ProbeListener
@@ -297,15 +300,13 @@ async def test_what_the_front_does_not_serve_is_answered_by_the_python_app_behin
     handovers = front.handovers
     for method, path, data, status in (
             ("GET", "/readyz", None, 200),
-            ("GET", "/v2/models/credit_risk", None, 200),
-            ("POST", "/v2/repository/models/credit_risk/unload", b"{}", 403),
-            ("POST", "/v2/models/credit_risk/versions/7/infer", body, 404),  # a version Triton has not loaded
-            ("POST", "/v2/models/no_such_model/infer", body, 404)):
+            ("GET", "/v2/models/credit_risk/versions/1", None, 200),  # filtered and pinned: Python rewrites it
+            ("POST", "/v2/models/credit_risk/versions/7/infer", body, 404)):  # a version Triton has not loaded
         # A connection each: a handed-over connection stays with the Python app until it closes.
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session, \
                 session.request(method, sidecar.url + path, data=data) as r:
             assert r.status == status, (path, await r.text())
-    assert front.handovers - handovers >= 5
+    assert front.handovers - handovers >= 3
     async with sidecar.session.get(sidecar.url + "/metrics") as r:
         assert "triton_sidecar_http_connections " in await r.text()
 
@@ -317,7 +318,8 @@ async def test_a_kept_alive_client_that_asks_for_metadata_keeps_its_infers_on_th
     body = json.dumps(credit_json()).encode()
     infer = (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
              % (CREDIT.encode(), len(body))) + body
-    metadata = b"GET /v2/models/credit_risk HTTP/1.1\r\nHost: x\r\n\r\n"
+    # A filtered model's pinned version: rewritten by the Python app (its spec is the Python chain's).
+    metadata = b"GET /v2/models/credit_risk/versions/1 HTTP/1.1\r\nHost: x\r\n\r\n"
     before_fast, before_handed = front.fast_requests, front.handovers
     reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
     try:
@@ -570,3 +572,179 @@ async def test_generate_and_generate_stream_to_a_trusted_model_never_enter_the_p
     assert sidecar.metric("triton_sidecar_streams_in_flight", model=TEXT) == 0
     assert sidecar.metric("triton_sidecar_proxy_requests_total", protocol="http", model=TEXT,
                           code="200") >= GENERATE_REQUESTS + STREAMS
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident set (VmHWM): the sidecar under test runs in it."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+async def test_compressed_infer_bodies_are_inflated_by_the_front(triton, start):
+    limit = 1024 * 1024
+    sidecar = await started_and_healthy(start, _rust(proxy_config(triton, models=["credit_risk"],
+                                                                  validation={"max_body_bytes": limit},
+                                                                  probes={"interval_s": 3600, "jitter": 0.0})))
+    front = sidecar.server
+    core = sidecar.app[SERVING]
+    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5, what="credit_risk a lane")
+    body = json.dumps(credit_json(rows=2, seed=3)).encode()
+    json_type = {"Content-Type": "application/json"}
+    async with sidecar.session.post(sidecar.url + CREDIT, data=body, headers=json_type) as r:
+        plain = (r.status, await r.read())
+    assert plain[0] == 200
+    # 256 MiB of zeros in about 256 KiB of gzip, within the limit as sent, 256 times over it inflated;
+    # made a piece at a time, so that only the sidecar could make this process's memory peak.
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1024 * 1024)
+    bomb = b"".join(packer.compress(zeros) for _ in range(256)) + packer.flush()
+    assert len(bomb) < limit
+    garbage = b"\x1f\x8b\x08\x00" + b"\xff" * 64  # a gzip header, then no deflate stream
+    br_bomb = brotli.compress(bytes(16 * limit), quality=1)
+    assert len(br_bomb) < limit
+    before_fast, before_handed = front.fast_requests, front.handovers
+    before_successes = triton_successes(triton, "credit_risk")
+    peak = _peak_rss_bytes()
+    with PythonEntries(core) as python:
+        answers = {}
+        for name, data, encoding in (("gzip", gzip.compress(body), "gzip"), ("deflate", zlib.compress(body), "deflate"),
+                                     ("GZIP", gzip.compress(body), " GZIP "), ("bomb", bomb, "gzip"),
+                                     ("garbage", garbage, "gzip"), ("x-lzw", body, "x-lzw"),
+                                     ("br", brotli.compress(body), "br"), ("br bomb", br_bomb, "br"),
+                                     ("br garbage", b"\xff" * 64, "br")):
+            async with sidecar.session.post(sidecar.url + CREDIT, data=data,
+                                            headers={**json_type, "Content-Encoding": encoding}) as r:
+                answers[name] = (r.status, await r.read())
+    assert python.count == 0
+    assert front.handovers == before_handed
+    assert front.fast_requests - before_fast == 9
+    assert answers["gzip"] == answers["deflate"] == answers["GZIP"] == answers["br"] == plain
+    assert triton_successes(triton, "credit_risk") == before_successes + 4
+    assert answers["br bomb"][0] == 413
+    assert json.loads(answers["br garbage"][1])["error"] == (
+        "request body cannot be read (br): 400, message:\n  Can not decode content-encoding: br")
+    assert answers["bomb"][0] == 413
+    assert json.loads(answers["bomb"][1]) == {
+        "error": f"request body larger than {limit} bytes (validation.max_body_bytes)", "reason": "body_too_large",
+        "model": "credit_risk"}
+    # Inflated to the limit and no further: 256 MiB inflated would have raised the peak by as much.
+    assert _peak_rss_bytes() - peak < 64 * 1024 * 1024
+    assert answers["garbage"][0] == 400
+    assert json.loads(answers["garbage"][1])["reason"] == "malformed"
+    assert json.loads(answers["garbage"][1])["error"].startswith(
+        "request body cannot be read (gzip): Error -3 while decompressing data: ")
+    assert answers["x-lzw"][0] == 415
+    assert json.loads(answers["x-lzw"][1]) == {
+        "error": "Content-Encoding 'x-lzw' is not accepted; send the body uncompressed, gzip, deflate or br",
+        "reason": "unsupported_media_type", "model": "credit_risk"}
+    for reason, count in (("body_too_large", 2), ("malformed", 2), ("unsupported_media_type", 1)):
+        assert sidecar.metric("triton_sidecar_proxy_rejections_total", protocol="http", model="credit_risk",
+                              reason=reason) == count, reason
+    # The Python listener behind the front refuses the same bodies alike (one rule: the data plane's).
+    back = f"http://127.0.0.1:{front.back.port}{CREDIT}"
+    # (br: aiohttp's decoder behind the front, as before, gives the same answers.)
+    for name, data, encoding in (("bomb", bomb, "gzip"), ("garbage", garbage, "gzip"), ("x-lzw", body, "x-lzw"),
+                                 ("br bomb", br_bomb, "br"), ("br garbage", b"\xff" * 64, "br")):
+        async with sidecar.session.post(back, data=data, headers={**json_type, "Content-Encoding": encoding}) as r:
+            assert r.status == answers[name][0], name
+            assert {k: v for k, v in (await r.json()).items()} == json.loads(answers[name][1]), name
+
+
+def _exchange(port: int, method: str, path: str, body: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request(method, path, body=body)
+        answer = connection.getresponse()
+        return answer.status, {k.lower(): v for k, v in answer.getheaders()}, answer.read()
+    finally:
+        connection.close()
+
+
+#: (method, path, body, status) the front answers without Python, as the Python app answers them.
+DOCUMENTS = (
+    ("GET", "/v2", None, 200),
+    ("GET", "/v2/models/image_classifier", None, 200),
+    ("GET", "/v2/models/image_classifier/config", None, 200),
+    ("GET", "/v2/models/image_classifier/versions/1/config", None, 200),
+    ("GET", "/v2/models/credit_risk", None, 200),  # an output filter names it: hidden outputs removed
+    ("GET", "/v2/models/credit_risk/config", None, 200),
+    ("GET", "/v2/models/image_classifier/ready", None, 200),
+    ("GET", "/v2/models/image_classifier/versions/9/ready", None, 503),  # a version Triton has not loaded
+    ("GET", "/v2/models/image_classifier/versions/x", None, 404),
+    ("GET", "/v2/models/no_such_model/config", None, 404),
+    ("GET", "/v2/models/stats", None, 403),  # proxy.allow_statistics: false
+    ("GET", "/v2/models/image_classifier/stats", None, 403),
+    ("POST", "/v2/repository/models/credit_risk/unload", b"{}", 403),
+    ("GET", "/v2/repository/index", None, 403),
+    ("DELETE", "/v2/logging", None, 403),
+    ("PUT", "/v2/models/image_classifier/trace/setting", b"{}", 403),
+    ("GET", "/v2/nothing", None, 404),
+    ("POST", "/v2", b"{}", 405),
+    ("GET", "/v2/models/image_classifier/infer", None, 405),
+    ("GET", "/v1/models/credit_risk:predict", None, 404),
+    ("DELETE", "/admin", None, 404),
+    ("POST", "/metrics", b"{}", 405),
+    ("POST", "/v2/models/no_such_model/infer", b'{"inputs": []}', 404),
+    ("POST", "/v2/models/no_such_model/versions/2/generate", b'{"text_input": "x"}', 404),
+)
+
+
+def _comparable(answer: tuple[int, dict[str, str], bytes]) -> tuple[int, str, bytes, bool]:
+    status, headers, body = answer
+    # aiohttp's JSON answers name a charset; its passthrough of Triton's bytes does not.
+    return status, headers.get("content-type", ""), body, "x-request-id" in headers
+
+
+async def test_documents_refusals_404s_and_405s_are_answered_by_the_front_as_the_python_app(triton, start):
+    sidecar = await started_and_healthy(start, _rust(proxy_config(triton, proxy={"allow_statistics": False})))
+    front = sidecar.server
+    core = sidecar.app[SERVING]
+    before_fast, before_handed = front.fast_requests, front.handovers
+    with PythonEntries(core) as python:
+        answers = [await asyncio.to_thread(_exchange, front.port, method, path, body)
+                   for method, path, body, _ in DOCUMENTS]
+    assert python.count == 0
+    assert front.handovers == before_handed
+    assert front.fast_requests - before_fast == len(DOCUMENTS)
+    assert [status for status, _, _ in answers] == [status for *_, status in DOCUMENTS]
+    for (method, path, body, _), answer in zip(DOCUMENTS, answers, strict=True):
+        # The Python app behind the front (the Python chain) gives the very same answer.
+        python_answer = await asyncio.to_thread(_exchange, front.back.port, method, path, body)
+        assert _comparable(answer) == _comparable(python_answer), (method, path)
+    metadata = json.loads(answers[0][2])
+    assert "extensions" in metadata and "logging" not in metadata["extensions"]
+    assert json.loads(answers[12][2])["reason"] == "forbidden_endpoint"
+    assert json.loads(answers[16][2])["reason"] == "unknown_path"
+    assert json.loads(answers[7][2])["reason"] == "not_ready"
+    # credit_risk's rule hides its income_prob* outputs: gone from its metadata and config, counted.
+    for doc in (json.loads(answers[4][2])["outputs"], json.loads(answers[5][2])["output"]):
+        assert [o["name"] for o in doc] == ["scores"]
+    assert sidecar.metric("triton_sidecar_outputs_filtered_total", model="credit_risk", output="income_prob") == 2 * 2
+    # Counted as the Python chain counts them (the front's and the app's answers alike).
+    for model, reason, count in (("_server_", "forbidden_endpoint", 6), ("_unknown_", "unknown_path", 3),
+                                 ("_unknown_", "method_not_allowed", 3), ("_unknown_", "unknown_model", 3),
+                                 ("image_classifier", "unknown_model", 1)):
+        assert sidecar.metric("triton_sidecar_proxy_rejections_total", protocol="http", model=model,
+                              reason=reason) == 2 * count, (model, reason)
+    assert sidecar.metric("triton_sidecar_proxy_requests_total", protocol="http", model="image_classifier",
+                          code="200") == 2 * 4
+
+
+async def test_statistics_are_served_by_the_front_by_default(triton, start):
+    sidecar = await started_and_healthy(start, _rust(proxy_config(triton)))
+    front = sidecar.server
+    core = sidecar.app[SERVING]
+    before_handed = front.handovers
+    with PythonEntries(core) as python:
+        server = await asyncio.to_thread(_exchange, front.port, "GET", "/v2/models/stats")
+        model = await asyncio.to_thread(_exchange, front.port, "GET", "/v2/models/credit_risk/stats")
+        metadata = await asyncio.to_thread(_exchange, front.port, "GET", "/v2")
+    assert python.count == 0
+    assert front.handovers == before_handed
+    assert server[0] == model[0] == metadata[0] == 200
+    assert {m["name"] for m in json.loads(server[2])["model_stats"]} >= {"credit_risk"}
+    assert [m["name"] for m in json.loads(model[2])["model_stats"]] == ["credit_risk"]
+    assert "statistics" in json.loads(metadata[2])["extensions"]

@@ -68,7 +68,8 @@ async def test_a_kept_alive_connection_asking_for_metadata_is_handed_to_aiohttp_
     sidecar = await started_and_healthy(start, proxy_config(triton))
     listener = sidecar.server
     body = json.dumps(credit_json()).encode()
-    metadata = b"GET /v2/models/credit_risk HTTP/1.1\r\nHost: x\r\n\r\n"
+    # A pinned version's metadata: the Rust front hands a filtered model's to the Python app too.
+    metadata = b"GET /v2/models/credit_risk/versions/1 HTTP/1.1\r\nHost: x\r\n\r\n"
     handovers = listener.handovers
     # One after the other on one connection, then all three pipelined in one write.
     for data in (None, _infer_request(body) + metadata + _infer_request(body)):

@@ -129,7 +129,8 @@ CONTROL_ENDPOINTS = [
 
 
 async def test_control_endpoints_are_refused_through_the_proxy_but_reachable_on_loopback(triton, start):
-    sidecar = await started_and_healthy(start, proxy_config(triton))
+    # Statistics are served by default; the key that denies them puts them with the control API.
+    sidecar = await started_and_healthy(start, proxy_config(triton, proxy={"allow_statistics": False}))
     s = sidecar.session
     for method, path in CONTROL_ENDPOINTS:
         async with s.request(method, sidecar.url + path, json={}) as r:
@@ -149,12 +150,13 @@ async def test_control_endpoints_are_refused_through_the_proxy_but_reachable_on_
     assert "model_repository" not in extensions and "binary_tensor_data" in extensions
 
 
-async def test_statistics_are_proxied_only_when_configured(triton, start):
-    sidecar = await started_and_healthy(start, proxy_config(triton, models=["credit_risk"],
-                                                            proxy={"allow_statistics": True}))
+async def test_statistics_are_proxied_by_default(triton, start):
+    sidecar = await started_and_healthy(start, proxy_config(triton, models=["credit_risk"]))
     async with sidecar.session.get(sidecar.url + "/v2/models/credit_risk/stats") as r:
         assert r.status == 200
         assert (await r.json())["model_stats"][0]["name"] == "credit_risk"
+    async with sidecar.session.get(sidecar.url + "/v2") as r:
+        assert "statistics" in (await r.json())["extensions"]
 
 
 async def test_health_answers_come_from_the_sidecars_view(triton, start):

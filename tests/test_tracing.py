@@ -653,9 +653,10 @@ async def test_a_refused_http_request_leaves_an_error_span_with_its_reason_and_n
 
 async def test_http_requests_the_python_side_answers_have_spans_too_and_triton_s_nest_under_them(
         receiver, traced_triton, start, sidecars):
-    """What the Rust front hands over (metadata, an unknown model's refusal) and every request on the
-    Python listener (listen.front: python) get a span named as the front names its own: the front's
-    tracer makes it at Python's call, or the Python SDK without the Rust front."""
+    """A model's metadata and an unknown model's refusal (answered by the Rust front itself, as the
+    Python chain answered them) and every request on the Python listener (listen.front: python) get
+    a span named as the front names its own: the front's tracer makes it, or the Python SDK
+    without the Rust front."""
     sidecar = await started_and_healthy(start, _rust(tracing_config(traced_triton, receiver.url, sample_rate=0.0)))
     front = await _lane(sidecar, "credit_risk")
     handed_before = front.handovers
@@ -668,14 +669,14 @@ async def test_http_requests_the_python_side_answers_have_spans_too_and_triton_s
                                     headers={"traceparent": f"00-{unknown_trace}-{parent}-01"}) as r:
         refused = await r.json()
         assert r.status == 404 and refused["reason"] == "unknown_model", refused
-    assert front.handovers > handed_before, "the front served them itself"
+    assert front.handovers == handed_before, "the front served them itself"
     metadata = (await wait_for(lambda: receiver.find(trace_id=metadata_trace), 10, what="the metadata span"))[0]
     assert (metadata.service, metadata.name, metadata.parent_span_id) == (
         SIDECAR_SERVICE, "GET /v2/models/{model}", parent), metadata
     assert metadata.attributes["http.route"] == "/v2/models/{model}", metadata
     assert metadata.attributes["http.response.status_code"] == 200 and not metadata.failed, metadata
     assert metadata.attributes["sidecar.model"] == "credit_risk", metadata
-    # Made by the front's tracer at Python's call (sidecar.tracing.front_spans), not the Python SDK.
+    # Made by the front's tracer, not the Python SDK.
     assert metadata.language == "rust", metadata
     unknown = (await wait_for(lambda: receiver.find(trace_id=unknown_trace), 10, what="the refusal's span"))[0]
     assert unknown.name == HTTP_INFER_SPAN and unknown.failed, unknown
@@ -730,13 +731,14 @@ async def test_an_https_collector_gets_both_sides_spans_and_one_signed_by_anothe
             front = await _lane(sidecar, "credit_risk")
             status, _ = await _http_infer(sidecar, credit_json(seed=15), {"x-request-id": f"tls-{trusted}"})
             assert status == 200
-            async with sidecar.session.get(sidecar.url + "/v2/models/credit_risk",
+            # A filtered model's pinned version: its metadata is rewritten by the Python side.
+            async with sidecar.session.get(sidecar.url + "/v2/models/credit_risk/versions/1",
                                            headers={"x-request-id": f"tls-meta-{trusted}"}) as r:
                 assert r.status == 200
             assert front.fast_requests >= 1 and front.handovers >= 1
             if trusted == "ca.pem":
                 for request_id, name in ((f"tls-{trusted}", HTTP_INFER_SPAN),
-                                         (f"tls-meta-{trusted}", "GET /v2/models/{model}")):
+                                         (f"tls-meta-{trusted}", "GET /v2/models/{model}/versions/{version}")):
                     spans = await wait_for(lambda r=request_id: collector.find(attributes={"sidecar.request_id": r}),
                                            10, what=f"{request_id}'s span over https")
                     assert spans[0].name == name, spans
@@ -928,3 +930,37 @@ def test_a_bad_tracing_setting_stops_the_start_with_one_line_naming_it(environ, 
     with pytest.raises(ConfigError) as refused:
         load_config(None, environ=environ)
     assert expected in str(refused.value) and "\n" not in str(refused.value), refused.value
+
+
+async def test_documents_and_refusals_the_front_answers_have_its_spans(receiver, triton, start, log_events):
+    """A model's document and the control API's refusal, answered by the front without Python, are
+    traced as the Python chain traced them: the route template, the model, the refusal's reason."""
+    sidecar = await started_and_healthy(start, _rust(tracing_config(triton, receiver.url, sample_rate=0.0)))
+    front = await _lane(sidecar, "credit_risk")
+    handed_before = front.handovers
+    parent = "00f067aa0ba902b7"
+    config_trace, refused_trace = "8af92f3577b34da6a3ce929d0e0e4741", "8af92f3577b34da6a3ce929d0e0e4742"
+    async with sidecar.session.get(sidecar.url + "/v2/models/image_classifier/versions/1/config",
+                                   headers={"traceparent": f"00-{config_trace}-{parent}-01"}) as r:
+        assert r.status == 200 and (await r.json())["name"] == "image_classifier"
+    async with sidecar.session.post(sidecar.url + "/v2/repository/models/credit_risk/unload", json={},
+                                    headers={"traceparent": f"00-{refused_trace}-{parent}-01"}) as r:
+        refused = await r.json()
+        assert r.status == 403 and refused["reason"] == "forbidden_endpoint", refused
+    assert front.handovers == handed_before, "the front served them itself"
+    config = (await wait_for(lambda: receiver.find(trace_id=config_trace), 10, what="the config span"))[0]
+    assert (config.service, config.name, config.parent_span_id, config.language) == (
+        SIDECAR_SERVICE, "GET /v2/models/{model}/versions/{version}/config", parent, "rust"), config
+    assert config.attributes["http.route"] == "/v2/models/{model}/versions/{version}/config", config
+    assert config.attributes["http.response.status_code"] == 200 and not config.failed, config
+    assert config.attributes["sidecar.model"] == "image_classifier", config
+    unknown = (await wait_for(lambda: receiver.find(trace_id=refused_trace), 10, what="the refusal's span"))[0]
+    assert (unknown.name, unknown.failed) == ("POST /v2/repository{tail}", True), unknown
+    assert unknown.attributes["sidecar.refusal.reason"] == "forbidden_endpoint", unknown
+    assert unknown.attributes["http.response.status_code"] == 403, unknown
+    assert "sidecar.model" not in unknown.attributes, unknown
+    assert unknown.status_message == f"[forbidden_endpoint] {refused['error']}", unknown
+    # The access log names the front's spans, as the Python chain's named its own.
+    logged = await wait_for(lambda: [e for e in log_events if e.get("event") == "proxy_request"
+                                     and e.get("trace_id") == refused_trace], 5, what="the refusal's log line")
+    assert logged[0]["span_id"] == unknown.span_id and logged[0]["status"] == 403

@@ -9,11 +9,14 @@ published to it as a *lane* without entering Python, and the same to a version o
 (the generate body check with the model's GenerateLimits), breaker, Triton, screening and counters
 all run on its runtime thread(s), after the front's own admission (front/admission.rs: a model
 quarantined is refused, held for its heal or while a failed round is confirmed, and an unpinned
-request routed to the fallback version, as Admission.admit and Router.route do). Everything else
-(kubelet endpoints, /metrics, metadata, a version whose spec is not fetched yet or that is not
-loaded, a rollout, a stream to a version a partial quarantine spares, a per-model rule file, a
-drift reference) is handed, with the very bytes the client sent, to the Python listener
-(sidecar.fronts.http_listener) on a loopback port behind it, which answers exactly as before.
+request routed to the fallback version, as Admission.admit and Router.route do). It also answers
+the rest of the v2 routes as http_routes does (Triton's documents and statistics, a model's
+readiness, the control API refused, the router's 404s and 405s: dataplane/src/front/documents.rs),
+and inflates gzip/deflate/br infer bodies. Everything else (kubelet endpoints, /metrics, a filtered
+model's pinned or ensemble documents, a version whose spec is not fetched yet or that is not loaded,
+a rollout, a stream to a version a partial quarantine spares, a drift reference) is handed, with the
+very bytes the client sent, to the Python listener (sidecar.fronts.http_listener) on a loopback port
+behind it, which answers exactly as before.
 
 With `tls.cert_file` set the front terminates TLS itself (rustls, dataplane/src/front/tls.rs): the
 PEM bytes ServerTls loaded and checked are handed down at start and at every rotation its watch
@@ -26,10 +29,11 @@ This module is the control plane's side of that boundary:
 - **down**: which models are lanes, with their spec, hidden outputs, NaN screening, generate limits
   and the streams' idle bound, every guarded model's admission (suspect, may be held, fallback),
   and the refusal owed to requests (at Triton too, and the error event owed to open streams) when
-  a model stops being trusted, the answers of /v2/health/live and /ready and, with the gRPC port on
-  the front, grpc.health.v1's status of the pod and each model: published at once on every state
-  transition and suspect change, and on a short tick for what changes without one (a spec fetched,
-  a rollout, a reload);
+  a model stops being trusted, the answers of /v2/health/live and /ready, what the document routes
+  read (the guarded models, their filters and readiness, the statistics key, the exposed
+  extensions) and, with the gRPC port on the front, grpc.health.v1's status of the pod and each
+  model: published at once on every state transition and suspect change, and on a short tick for
+  what changes without one (a spec fetched, a rollout, a reload);
 - **up**: the front's events (passive signals, requests ended at a quarantine, streams ended, the
   sampled access log, panics), drained on the same tick and handed to the health loop and the log as
   the Python chain would have.
@@ -54,7 +58,13 @@ from sidecar._dataplane import HttpFront as NativeFront
 from sidecar.config import ConfigError, TracingSection
 from sidecar.fronts.appkeys import CONFIG, GRPC_BACK_PORT, HEARTBEATS, LIFECYCLE, SERVING, STATES, TLS, WATCH
 from sidecar.fronts.http_listener import SidecarListener
-from sidecar.fronts.http_routes import live_refusal, ready_refusal, serving_statuses
+from sidecar.fronts.http_routes import (
+    exposed_extension_names,
+    live_refusal,
+    model_ready_refusal,
+    ready_refusal,
+    serving_statuses,
+)
 from sidecar.fronts.tls import HANDSHAKE_TIMEOUT_S, ServerTls, TlsFileError, TlsMaterial
 from sidecar.messages import cut
 from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
@@ -99,6 +109,14 @@ Guard = tuple[str, bool, bool, str]
 #: the health loop's state (/v2/health/live, /v2/health/ready), served by the front as published.
 Canned = tuple[str, int, bytes, int | None, str]
 
+#: (status, JSON body, Retry-After) of a model's /ready refused from the sidecar's view, None when
+#: Triton is asked.
+ModelReady = tuple[int, bytes, int | None] | None
+#: ([(model, named by an output filter, its /ready refusal, the filter's verdict on each output its
+#: spec declares or None)] in the order admission names them, proxy.allow_statistics, the v2
+#: extensions GET /v2 shows): what the front needs to answer the v2 document routes, the control
+#: API's refusals and the router's 404s and 405s as http_routes does.
+Documents = tuple[list[tuple[str, bool, ModelReady, list[tuple[str, bool]] | None]], bool, list[str]]
 #: The front's runtime threads, as /healthz names them when they stop turning. The other way round,
 #: the front answers /healthz and /readyz 503 itself when this loop stops touching it (every tick)
 #: for longer than liveness.watchdog_stall_s (dataplane/src/front/watchdog.rs).
@@ -148,6 +166,7 @@ class HttpFront:
             "validation.max_body_bytes": config.validation.max_body_bytes,
             "proxy.client_body_timeout_s": proxy.client_body_timeout_s,
             "proxy.upstream_timeout_s": proxy.upstream_timeout_s,
+            "triton.timeout_s": config.triton.timeout_s,
             "proxy.retry_after_s": proxy.retry_after_s,
             "proxy.max_in_flight_per_model": proxy.max_in_flight_per_model,
             "proxy.queue_size_per_model": proxy.queue_size_per_model,
@@ -430,19 +449,33 @@ class HttpFront:
             return None
         return serving_statuses(self.app)
 
+    def documents(self) -> Documents:
+        """What http_routes' document routes read of the control plane's state now."""
+        core = self.core
+        models = []
+        for model in self.app[STATES].names():
+            is_hidden = core.filter.for_model(model)
+            spec = core.specs.cached(model, "") if is_hidden is not None else None
+            judged = [(o, bool(is_hidden(o))) for o in spec.outputs] if is_hidden and spec and spec.outputs else None
+            models.append((model, is_hidden is not None, _model_ready(model_ready_refusal(self.app, model)), judged))
+        return models, core.settings.allow_statistics, sorted(exposed_extension_names(core))
+
     def publish(self, *, force: bool = False) -> None:
         if self._native is None:
             return
         lanes, ended, guards = self.lanes()
         health = self.health()
         serving = self.serving()
+        documents = self.documents()
         key = (tuple((m, id(s), _names(h), c, id(g), i, tuple((v, id(vs), _names(vh)) for v, vs, vh in p), st)
                      for m, s, h, c, g, i, p, st in lanes),
                tuple((m, s, b, _names(v)) for m, s, b, *_, v in ended), tuple(health),
-               tuple(serving) if serving is not None else None, tuple(guards))
+               tuple(serving) if serving is not None else None, tuple(guards),
+               (tuple((m, f, r, None if j is None else tuple(j)) for m, f, r, j in documents[0]), documents[1],
+                tuple(documents[2])))
         if key == self._published and not force:
             return
-        self._native.publish(lanes, ended, health, serving, guards)
+        self._native.publish(lanes, ended, health, serving, guards, documents)
         self._published = key
 
     async def _run_tick(self) -> None:
@@ -574,6 +607,10 @@ def _canned(path: str, refusal: Refusal | None) -> Canned:
     if refusal is None:
         return path, 200, b"", None, ""
     return path, refusal.status, json.dumps(refusal.body()).encode(), refusal.retry_after, refusal.reason.value
+
+
+def _model_ready(refusal: Refusal | None) -> ModelReady:
+    return None if refusal is None else (refusal.status, json.dumps(refusal.body()).encode(), refusal.retry_after)
 
 
 def _names(names: list[str] | None) -> tuple[str, ...] | None:

@@ -25,7 +25,6 @@ import collections
 import json
 import re
 import time
-import zlib
 from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote
@@ -34,6 +33,7 @@ import httptools
 import structlog
 from aiohttp import web
 
+from sidecar._dataplane import inflate
 from sidecar.config import ListenSection
 from sidecar.fronts.appkeys import CONFIG, SERVING, TLS, UPSTREAM_POOL
 from sidecar.fronts.http_routes import (
@@ -64,8 +64,9 @@ _INFER_ROUTE = "/v2/models/{model}/infer"
 _VERSIONED_INFER_ROUTE = "/v2/models/{model}/versions/{version}/infer"
 
 
-#: Encodings this path inflates itself; others (br, zstd) are left to aiohttp.
-_INFLATED = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+#: Encodings this path inflates itself (the data plane's rule, the Rust front's too); others (br,
+#: zstd) are left to aiohttp.
+_INFLATED = frozenset({"gzip", "deflate"})
 
 
 #: Parsed requests a connection may queue (HTTP pipelining) before it stops reading.
@@ -668,16 +669,13 @@ def _refusal_parts(refusal: Refusal) -> tuple[int, dict[str, str], bytes]:
 
 
 def _inflate(body: bytes, encoding: str, limit: int, model: str) -> bytes:
-    """The inflated body, never more than `limit` bytes of it (a zip bomb stops at the limit)."""
-    inflater = zlib.decompressobj(_INFLATED[encoding])
+    """The inflated body, never more than `limit` bytes of it (a zip bomb stops at the limit): the
+    Rust front's rule (sidecar._dataplane.inflate), so both fronts refuse the same bodies alike."""
     try:
-        out = inflater.decompress(body, limit + 1)
-        if len(out) > limit or inflater.unconsumed_tail:
-            raise body_too_large(limit, model)
-        out += inflater.flush()
-    except zlib.error as e:
+        out = inflate(body, encoding, limit)
+    except ValueError as e:
         raise unreadable_body(encoding, e, model) from e
-    if len(out) > limit:
+    if out is None:
         raise body_too_large(limit, model)
     return out
 

@@ -206,13 +206,22 @@ async def server_ready(request: web.Request, ctx: RequestContext) -> web.StreamR
     return web.Response(status=200)
 
 
+def model_ready_refusal(app: web.Application, model: str) -> Refusal | None:
+    """Why a guarded model's /ready fails from the sidecar's view now (None: Triton is asked). The
+    Rust front serves the same answer from what sidecar.fronts.http_front publishes."""
+    problems = app[READINESS].model_problems(model)
+    if not problems:
+        return None
+    health = app[STATES].get(model)
+    state = {"state": health.state.value} if health is not None else {}
+    return Refusal(Reason.NOT_READY, cut("; ".join(problems), 300), model=model, problems=problems, **state)
+
+
 async def model_ready(request: web.Request, ctx: RequestContext) -> web.StreamResponse:
     model, version = _model_and_version(request, ctx)
-    problems = request.app[READINESS].model_problems(model)
-    if problems:
-        health = request.app[STATES].get(model)
-        state = {"state": health.state.value} if health is not None else {}
-        raise Refusal(Reason.NOT_READY, cut("; ".join(problems), 300), model=model, problems=problems, **state)
+    refusal = model_ready_refusal(request.app, model)
+    if refusal is not None:
+        raise refusal
     status, _, body = await _upstream_get(request.app, model_path(model, version) + "/ready", model)
     if status == 200:
         return web.Response(status=200)
@@ -230,8 +239,13 @@ async def server_metadata(request: web.Request, ctx: RequestContext) -> web.Stre
 
 
 def exposed_extensions(core: ServingCore, extensions: list[str]) -> list[str]:
-    exposed = set(EXPOSED_EXTENSIONS) | ({"statistics"} if core.settings.allow_statistics else set())
+    exposed = exposed_extension_names(core)
     return [e for e in extensions if e in exposed]
+
+
+def exposed_extension_names(core: ServingCore) -> frozenset[str]:
+    """The v2 extensions GET /v2 may show (the Rust front is published the same set)."""
+    return EXPOSED_EXTENSIONS | ({"statistics"} if core.settings.allow_statistics else frozenset())
 
 
 async def model_metadata(request: web.Request, ctx: RequestContext) -> web.StreamResponse:

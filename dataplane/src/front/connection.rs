@@ -17,17 +17,21 @@ use tokio::time::sleep_until;
 
 use crate::protocol::pytext::{cut, format_g, repr_str};
 
+use super::documents::{self, Route};
 use super::events::{AccessRecord, Event};
 use super::generate::{self, Endpoint};
 use super::generate_stream::{self, Relayed};
-use super::lane::{self, Infer};
+use super::lane::{self, Coding, Infer};
 use super::reply::{encode, refusal, Reply, JSON_REFUSAL};
 use super::state::Canned;
-use super::tracing::{Opened, Refused, RequestSpan, Route};
+use super::tracing::{self as spans, Opened, Refused, RequestSpan};
+use super::upstream::Failure;
 use super::Shared;
 
 /// The metrics label of a request to the pod rather than a model (sidecar.serving.admission).
 const SERVER_LABEL: &str = "_server_";
+/// The metrics label of a model name the sidecar does not guard (sidecar.serving.admission).
+const UNKNOWN_LABEL: &str = "_unknown_";
 
 /// A request head as the front read it.
 struct Head {
@@ -66,6 +70,35 @@ struct LaneRequest {
     lane: Arc<super::state::Lane>,
     header_length: Option<i64>,
     endpoint: Endpoint,
+    /// The body's encoding, or the 415 it gets (infer only).
+    coding: Coding,
+}
+
+/// How the front answers one of the Python app's v2 routes (`document_for`), and the route's
+/// template (its span's http.route; "" for the router's 404 and 405).
+struct Plan {
+    how: How,
+    route: String,
+}
+
+enum How {
+    /// A refusal before Triton, under this metrics label.
+    Refuse { label: String, reply: Reply },
+    /// One of Triton's documents, GET `upstream`; `model`: the model it is about, "" for the server's.
+    Fetch { label: String, model: String, upstream: String, kind: Fetched },
+}
+
+/// What becomes of a document Triton gave.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fetched {
+    /// Passed on as Triton wrote it (a 5xx refused as triton_error).
+    Passthrough,
+    /// GET /v2: its extensions filtered.
+    Server,
+    /// A model's /ready: 200 empty, else not_ready with Triton's words.
+    Ready,
+    /// A filtered model's metadata or (`config`) config: its hidden outputs removed.
+    Filtered { config: bool },
 }
 
 /// What follows a refusal given before the whole request was read.
@@ -198,12 +231,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         }
         let Some(infer) = self.lane_for(&head) else {
             if forwardable(&head, self.shared.settings.max_body_bytes) {
+                if let Some(plan) = self.document_for(&head) {
+                    return self.answer_document(head, plan, started).await;
+                }
                 return self.forward(head).await;
             }
             self.hand_over().await;
             return false;
         };
-        let LaneRequest { model, version, fallback, lane, header_length, endpoint } = infer;
+        let LaneRequest { model, version, fallback, lane, header_length, endpoint, coding } = infer;
         let settings = &self.shared.settings;
         let limit = settings.max_body_bytes;
         let chunked = head.get("transfer-encoding").is_some();
@@ -281,7 +317,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         let opened = Opened {
             traceparent,
             tracestate,
-            route: Route::Http(endpoint),
+            route: spans::Route::Http(endpoint),
             model: &model,
             version: &version,
             fallback,
@@ -302,6 +338,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             span,
             header_length,
             body,
+            coding,
             path: head.path.clone(),
             started,
             request_id,
@@ -439,14 +476,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             return None;
         }
         let version = if path_version.is_empty() { header } else { path_version };
-        let encoding = head.get("content-encoding").unwrap_or("").trim().to_ascii_lowercase();
-        if !(encoding.is_empty() || encoding == "identity") {
-            return None;
-        }
-        let ctype = head.get("content-type").unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-        if !matches!(ctype.as_str(), "" | "application/json" | "application/octet-stream") {
-            return None;
-        }
+        let coding = match endpoint {
+            Endpoint::Infer => body_coding(head)?,
+            // Generate bodies are forwarded when compressed or of another type (the lane has none
+            // of generate_routes' rules for them yet).
+            _ => {
+                let encoding = head.get("content-encoding").unwrap_or("").trim().to_ascii_lowercase();
+                if !(encoding.is_empty() || encoding == "identity") {
+                    return None;
+                }
+                let ctype = media_type(head);
+                if !matches!(ctype.as_str(), "" | "application/json" | "application/octet-stream") {
+                    return None;
+                }
+                Coding::Identity
+            }
+        };
         // Generate bodies are JSON whatever the header says (generate_routes reads none of it).
         let header_length = match head.get("inference-header-content-length") {
             Some(v) if endpoint == Endpoint::Infer => Some(v.trim().parse::<i64>().ok()?),
@@ -471,7 +516,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         // (published for the next request) or refuses it.
         let lane = if version.is_empty() { lane } else { lane.versions.get(version)?.clone() };
         let version = version.to_owned();
-        Some(LaneRequest { model: model.to_owned(), version, fallback, lane, header_length, endpoint })
+        Some(LaneRequest { model: model.to_owned(), version, fallback, lane, header_length, endpoint, coding })
     }
 
     /// The published answer to this request when it is a GET of a health endpoint with no body, and
@@ -525,6 +570,301 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             }
         });
         self.write_answer(&encode(&reply, &request_id, keep_alive), keep_alive).await
+    }
+
+    /// How the front answers a request the lane did not take when it is one of the Python app's v2
+    /// routes it serves too (front/documents.rs); None: the Python app answers it.
+    fn document_for(&self, head: &Head) -> Option<Plan> {
+        let path = head.path.as_str();
+        let route = documents::route(&head.method, path)?;
+        let template = documents::template(&route, path);
+        let refuse = |label: &str, reason: &'static str, status: u16, message: &str, model: &str| How::Refuse {
+            label: label.to_owned(),
+            reply: refusal(reason, status, message, model, &[]),
+        };
+        let snapshot = self.shared.state.load();
+        let fetch = |label: &str, model: &str, upstream: String, kind: Fetched| How::Fetch {
+            label: label.to_owned(),
+            model: model.to_owned(),
+            upstream,
+            kind,
+        };
+        let has_body = head.get("content-length").is_some_and(|v| v.trim() != "0");
+        let how = match route {
+            Route::Forbidden => {
+                refuse(SERVER_LABEL, "forbidden_endpoint", 403, &documents::forbidden_message(path), "")
+            }
+            Route::UnknownPath => {
+                refuse(UNKNOWN_LABEL, "unknown_path", 404, &documents::unknown_path_message(path), "")
+            }
+            Route::MethodNotAllowed(allowed) => {
+                let message = documents::method_not_allowed_message(&head.method, path, &allowed);
+                refuse(UNKNOWN_LABEL, "method_not_allowed", 405, &message, "")
+            }
+            Route::Inference { model, .. } => {
+                // A model the sidecar guards that is not a lane (on hold, quarantined, in a rollout,
+                // a version not published...) is the Python chain's; one it does not guard is
+                // refused here (admission.tracked), its body read and thrown away as the Python
+                // listener read it.
+                let docs = snapshot.documents.as_ref()?;
+                if docs.models.is_empty() || docs.models.contains_key(&model) {
+                    return None;
+                }
+                let message = documents::unknown_model_message(&model, &docs.served);
+                refuse(UNKNOWN_LABEL, "unknown_model", 404, &message, "")
+            }
+            // Triton's documents are fetched for requests without a body (a GET's is never read),
+            // so that the Python app can still answer one the front cannot write exactly.
+            _ if has_body => return None,
+            Route::Server => {
+                snapshot.documents.as_ref()?;
+                fetch(SERVER_LABEL, "", "/v2".to_owned(), Fetched::Server)
+            }
+            Route::ServerStats => {
+                if !snapshot.documents.as_ref()?.allow_statistics {
+                    refuse(SERVER_LABEL, "forbidden_endpoint", 403, documents::STATISTICS_OFF, "")
+                } else {
+                    fetch(SERVER_LABEL, "", "/v2/models/stats".to_owned(), Fetched::Passthrough)
+                }
+            }
+            Route::Model { model, version, suffix } => {
+                let docs = snapshot.documents.as_ref()?;
+                if suffix == "/stats" && !docs.allow_statistics {
+                    refuse(SERVER_LABEL, "forbidden_endpoint", 403, documents::STATISTICS_OFF, "")
+                } else if !version.is_ascii() || docs.models.is_empty() {
+                    // A digit Python's isdigit() knows beyond ASCII; no model discovered yet (503).
+                    return None;
+                } else {
+                    match docs.models.get(&model) {
+                        None => refuse(
+                            UNKNOWN_LABEL,
+                            "unknown_model",
+                            404,
+                            &documents::unknown_model_message(&model, &docs.served),
+                            "",
+                        ),
+                        Some(_) if !version.is_empty() && !documents::is_version(&version) => refuse(
+                            &model,
+                            "unknown_model",
+                            404,
+                            &documents::not_a_version_message(&model, &version),
+                            &model,
+                        ),
+                        Some(guarded) if suffix == "/ready" => {
+                            // A stalled health loop's view is stale: the Python app answers (as the
+                            // health endpoints' canned answers are forwarded then).
+                            if self.shared.watchdog.control_silent_for() >= self.shared.settings.watchdog_stall {
+                                return None;
+                            }
+                            match &guarded.not_ready {
+                                Some(canned) => How::Refuse {
+                                    label: model.clone(),
+                                    reply: Reply {
+                                        status: canned.status,
+                                        content_type: JSON_REFUSAL.to_owned(),
+                                        header_length: None,
+                                        retry_after: canned.retry_after,
+                                        body: canned.body.clone(),
+                                        reason: "not_ready",
+                                    },
+                                },
+                                None => {
+                                    let upstream = documents::model_path(&model, &version, suffix);
+                                    fetch(&model, &model, upstream, Fetched::Ready)
+                                }
+                            }
+                        }
+                        // An output filter names the model: its documents lose their hidden outputs,
+                        // judged by what Python published of its spec (a pinned version's, or
+                        // before the spec is fetched: the Python chain's).
+                        Some(guarded) if guarded.filtered && suffix != "/stats" => {
+                            if !version.is_empty() || guarded.outputs.is_none() {
+                                return None;
+                            }
+                            let upstream = documents::model_path(&model, &version, suffix);
+                            fetch(&model, &model, upstream, Fetched::Filtered { config: suffix == "/config" })
+                        }
+                        Some(_) => {
+                            let upstream = documents::model_path(&model, &version, suffix);
+                            fetch(&model, &model, upstream, Fetched::Passthrough)
+                        }
+                    }
+                }
+            }
+        };
+        Some(Plan { how, route: template })
+    }
+
+    /// Answer one of the Python app's v2 routes as it answers it, counted and logged as it counts
+    /// and logs it.
+    async fn answer_document(&mut self, head: Head, plan: Plan, started: Instant) -> bool {
+        let shared = self.shared.clone();
+        let keep_alive = head.keep_alive();
+        let path = head.path.clone();
+        let Plan { how, route } = plan;
+        // The router's 404 and 405 name no request id (aiohttp's middleware answered them before
+        // any request scope, without the client's traceparent): a new one is logged, none is sent.
+        let routed = !route.is_empty();
+        let opened = std::time::SystemTime::now();
+        let (label, reply, sent_id) = match how {
+            How::Refuse { label, reply } => {
+                // A body the route never reads is read and thrown away, as the Python app's was.
+                let declared = head.get("content-length").and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(0);
+                let total = head.length + declared;
+                let deadline = Instant::now() + shared.settings.client_body_timeout;
+                while self.buf.len() < total {
+                    if !self.read_body_bytes(deadline).await {
+                        let missing = (total - self.buf.len()) as u64;
+                        return self.body_timed_out(&head, "", Some(missing)).await;
+                    }
+                }
+                self.buf.advance(total);
+                shared.metrics.rejections.inc(&["http", &label, reply.reason]);
+                (label, reply, routed)
+            }
+            How::Fetch { label, model, upstream, kind } => {
+                let fetched = {
+                    let _counted = lane::InFlight::new(&shared);
+                    let headers = [("accept-encoding", "identity")];
+                    let call = shared.upstream.send("GET", &upstream, &headers, Bytes::new());
+                    tokio::pin!(call);
+                    let timeout = sleep_until((Instant::now() + shared.settings.triton_timeout).into());
+                    tokio::pin!(timeout);
+                    let room = shared.settings.head_limit() + shared.settings.max_body_bytes;
+                    loop {
+                        tokio::select! {
+                            answered = &mut call => break answered,
+                            _ = &mut timeout => break Err(Failure::Timeout),
+                            read = self.stream.read_buf(&mut self.buf), if self.buf.len() < room => {
+                                if matches!(read, Ok(0) | Err(_)) {
+                                    // The client left: its call is dropped with it, counted and
+                                    // logged 499 as a gone client's request is.
+                                    let seconds = started.elapsed().as_secs_f64();
+                                    shared.metrics.finish("http", &label, "499", seconds);
+                                    shared.events.push(Event::Log(AccessRecord {
+                                        request_id: request_id(head.get("x-request-id")),
+                                        trace_id: trace_id(head.get("traceparent")),
+                                        span_id: String::new(),
+                                        model: label,
+                                        method: head.method.clone(),
+                                        path: cut(&path, 200),
+                                        status: 499,
+                                        duration_ms: (seconds * 100_000.0).round() / 100.0,
+                                        reason: "client_disconnected".to_owned(),
+                                        client_subject: self.client_subject.clone(),
+                                    }));
+                                    return false;
+                                }
+                            }
+                        }
+                    }
+                };
+                let reply = match fetched {
+                    Err(failure) => documents_refusal(&shared, &model, failure),
+                    Ok((200, _, _)) if kind == Fetched::Ready => Reply {
+                        status: 200,
+                        content_type: String::new(), // an empty 200, as aiohttp's web.Response() writes it
+                        header_length: None,
+                        retry_after: None,
+                        body: Bytes::new(),
+                        reason: "",
+                    },
+                    Ok((_, _, body)) if kind == Fetched::Ready => {
+                        let words = lane::triton_error_message(&body);
+                        let message = format!("Triton says model {model} is not ready ({words})");
+                        refusal("not_ready", 503, &message, &model, &[])
+                    }
+                    Ok((200, _, body)) if matches!(kind, Fetched::Filtered { .. }) => {
+                        let config = kind == Fetched::Filtered { config: true };
+                        let snapshot = shared.state.load();
+                        let outputs = snapshot.documents.as_ref().and_then(|d| d.models.get(&model)?.outputs.as_ref());
+                        let Some((doc, dropped)) = outputs.and_then(|o| documents::filtered_document(&body, config, o))
+                        else {
+                            return self.forward(head).await;
+                        };
+                        for output in &dropped {
+                            shared.metrics.outputs_filtered.inc(&[model.as_str(), output.as_str()]);
+                        }
+                        Reply {
+                            status: 200,
+                            content_type: JSON_REFUSAL.to_owned(),
+                            header_length: None,
+                            retry_after: None,
+                            body: Bytes::from(doc),
+                            reason: "",
+                        }
+                    }
+                    Ok((status, _, body)) if status >= 500 => {
+                        let message = format!("Triton answered {status}: {}", lane::triton_error_message(&body));
+                        refusal("triton_error", 502, &message, "", &[("triton_status", status.to_string())])
+                    }
+                    Ok((200, _, body)) if kind == Fetched::Server => {
+                        let Some(doc) = documents::server_metadata(&body, &snapshot_extensions(&shared)) else {
+                            return self.forward(head).await;
+                        };
+                        Reply {
+                            status: 200,
+                            content_type: JSON_REFUSAL.to_owned(),
+                            header_length: None,
+                            retry_after: None,
+                            body: Bytes::from(doc),
+                            reason: "",
+                        }
+                    }
+                    Ok((status, headers, body)) => {
+                        let sent = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+                        let media = sent.split(';').next().unwrap_or("").trim();
+                        Reply {
+                            status,
+                            content_type: if media.is_empty() {
+                                "application/json".to_owned()
+                            } else {
+                                media.to_owned()
+                            },
+                            header_length: None,
+                            retry_after: None,
+                            body,
+                            reason: "",
+                        }
+                    }
+                };
+                self.buf.advance(head.length);
+                (label, reply, true)
+            }
+        };
+        let span = shared.tracing.as_ref().and_then(|tracing| {
+            let method = head.method.as_str();
+            let name = if routed { format!("{method} {route}") } else { method.to_owned() };
+            let (traceparent, tracestate) =
+                if routed { (head.get("traceparent"), head.get("tracestate")) } else { (None, None) };
+            tracing.span_since(name, traceparent, tracestate, opened)
+        });
+        let client_id = request_id(head.get("x-request-id"));
+        let logged_id = if sent_id { client_id } else { request_id(None) };
+        let (trace, span_id) = match &span {
+            Some(span) => (span.trace_id().to_owned(), span.span_id().to_owned()),
+            None if sent_id => (trace_id(head.get("traceparent")), String::new()),
+            None => (String::new(), String::new()),
+        };
+        if let Some(mut span) = span {
+            end_document_span(&mut span, &head.method, &route, &logged_id, &label, &reply);
+            span.end(document_failure(&reply).as_deref());
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        lane::count_answered(&shared, &label, reply.status, reply.reason, seconds, |duration_ms| AccessRecord {
+            request_id: logged_id.clone(),
+            trace_id: trace,
+            span_id,
+            model: label.clone(),
+            method: head.method.clone(),
+            path: cut(&path, 200),
+            status: reply.status,
+            duration_ms,
+            reason: reply.reason.to_owned(),
+            client_subject: self.client_subject.clone(),
+        });
+        let sent = if sent_id { logged_id.as_str() } else { "" };
+        self.write_answer(&encode(&reply, sent, keep_alive), keep_alive).await
     }
 
     /// Send one request the lane does not serve to the Python app and relay its answer; the
@@ -792,9 +1132,104 @@ pub(super) fn panic_message(e: tokio::task::JoinError) -> String {
     }
 }
 
-fn body_too_large(limit: usize, model: &str) -> Reply {
+/// A document request's span attributes, as sidecar.tracing.spans' request_attributes and
+/// outcome_attributes give them for the Python chain's request.
+fn end_document_span(span: &mut spans::PythonSpan, method: &str, route: &str, id: &str, label: &str, reply: &Reply) {
+    use opentelemetry::KeyValue;
+    let mut attributes = vec![
+        KeyValue::new("sidecar.request_id", id.to_owned()),
+        KeyValue::new("sidecar.protocol", "http"),
+        KeyValue::new("http.request.method", method.to_owned()),
+        KeyValue::new("sidecar.status", reply.status.to_string()),
+        KeyValue::new("http.response.status_code", i64::from(reply.status)),
+    ];
+    if !route.is_empty() {
+        attributes.push(KeyValue::new("http.route", route.to_owned()));
+    }
+    if !label.starts_with('_') {
+        attributes.push(KeyValue::new("sidecar.model", label.to_owned()));
+    }
+    if !reply.reason.is_empty() {
+        attributes.push(KeyValue::new("sidecar.refusal.reason", reply.reason));
+    }
+    span.set(attributes);
+}
+
+/// The description a failed request's span ends with (RequestWrapper.finish's): the refusal's
+/// reason and message, else the status; None when it did not fail.
+fn document_failure(reply: &Reply) -> Option<String> {
+    if reply.reason.is_empty() {
+        return (reply.status >= 400).then(|| reply.status.to_string());
+    }
+    let message = crate::protocol::json::parse(&reply.body)
+        .ok()
+        .and_then(|doc| doc.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+        .unwrap_or_default();
+    Some(format!("[{}] {message}", reply.reason))
+}
+
+/// The exposed extensions as last published (GET /v2 is only planned once they are).
+fn snapshot_extensions(shared: &super::Shared) -> std::collections::HashSet<String> {
+    shared.state.load().documents.as_ref().map(|docs| docs.extensions.clone()).unwrap_or_default()
+}
+
+/// A document Triton gave no answer for, refused as ServingCore.upstream_refusal(signal=False)
+/// refuses it: no passive signal for the model, but Triton unreachable still told to the health loop.
+fn documents_refusal(shared: &super::Shared, model: &str, failure: Failure) -> Reply {
+    match failure {
+        Failure::Unreachable(detail) => {
+            shared.events.push(Event::Failed { model: model.to_owned(), kind: "unreachable", status: 0, detail });
+            let mut reply = refusal("triton_unreachable", 503, "Triton is unreachable from the sidecar", model, &[]);
+            reply.retry_after = Some(shared.settings.retry_after_s);
+            reply
+        }
+        Failure::Timeout => {
+            let named = if model.is_empty() { "server" } else { model };
+            let message = format!("Triton did not answer within the time limit ({named})");
+            refusal("triton_timeout", 504, &message, model, &[])
+        }
+        Failure::Dropped(detail) => {
+            let message = format!("Triton dropped the connection: {}", cut(&detail, 120));
+            refusal("triton_bad_answer", 502, &message, model, &[])
+        }
+    }
+}
+
+pub(super) fn body_too_large(limit: usize, model: &str) -> Reply {
     let message = format!("request body larger than {limit} bytes (validation.max_body_bytes)");
     refusal("body_too_large", 413, &message, model, &[])
+}
+
+/// The Content-Type of a request, as http_routes.check_body_headers reads it: its media type, stripped
+/// and lower-cased.
+fn media_type(head: &Head) -> String {
+    head.get("content-type").unwrap_or("").split(';').next().unwrap_or("").trim().to_lowercase()
+}
+
+/// How the lane reads an infer body (http_routes.check_body_headers, in its order: the type first,
+/// then the encoding): as sent, inflated, or refused 415; None for zstd, which aiohttp behind the
+/// front inflates when its library is installed (its ENCODINGS).
+fn body_coding(head: &Head) -> Option<Coding> {
+    let ctype = media_type(head);
+    if !matches!(ctype.as_str(), "" | "application/json" | "application/octet-stream") {
+        return Some(Coding::Refused(format!(
+            "Content-Type {} is not accepted; send application/json (or application/octet-stream with \
+             Inference-Header-Content-Length)",
+            repr_str(&cut(&ctype, 120))
+        )));
+    }
+    let encoding = head.get("content-encoding").unwrap_or("identity").trim().to_lowercase();
+    Some(match encoding.as_str() {
+        "" | "identity" => Coding::Identity,
+        "gzip" => Coding::Gzip,
+        "deflate" => Coding::Deflate,
+        "br" => Coding::Brotli,
+        "zstd" => return None,
+        _ => Coding::Refused(format!(
+            "Content-Encoding {} is not accepted; send the body uncompressed, gzip, deflate or br",
+            repr_str(&cut(&encoding, 120))
+        )),
+    })
 }
 
 /// Why a request's framing is ambiguous: Content-Length with Transfer-Encoding, a coding other than

@@ -599,6 +599,7 @@ mod tests {
             max_body_bytes: 1 << 20,
             client_body_timeout: second,
             upstream_timeout: second,
+            triton_timeout: second,
             retry_after_s: 5,
             max_in_flight_per_model: 4,
             queue_size_per_model: 4,

@@ -8,6 +8,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::SemaphorePermit;
 
+use crate::protocol::inflate::{self, Unpacked};
 use crate::protocol::pytext::cut;
 use crate::serving::filtering;
 use crate::serving::validation::validate_infer_request;
@@ -34,7 +35,10 @@ pub struct Infer {
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
     pub header_length: Option<i64>,
+    /// As read off the wire; an inflated body replaces it before validation.
     pub body: Bytes,
+    /// How the body is read (Content-Type and Content-Encoding).
+    pub coding: Coding,
     pub path: String,
     pub started: Instant,
     /// The client certificate's subject (mutual TLS), for the access log; "" without one.
@@ -43,11 +47,24 @@ pub struct Infer {
     pub span: RequestSpan,
 }
 
+/// How an infer body is read, as http_routes.check_body_headers decides.
+pub enum Coding {
+    Identity,
+    Gzip,
+    Deflate,
+    Brotli,
+    /// An unsupported type or encoding: 415 with this message.
+    Refused(String),
+}
+
 /// Serve one request; the answer is always one the client can read (never an error).
 pub async fn serve(shared: Arc<Shared>, mut request: Infer) -> Reply {
     let reply = {
         let _counted = InFlight::new(&shared);
-        answer(&shared, &mut request).await
+        match unpack(&shared, &mut request).await {
+            Some(refused) => refused,
+            None => answer(&shared, &mut request).await,
+        }
     };
     finish(&shared, &request, &reply);
     reply
@@ -102,6 +119,54 @@ pub(super) fn logged(shared: &Shared, failed: bool) -> bool {
     failed
         || rate >= 1.0
         || (rate > 0.0 && ((super::connection::random_u64() >> 11) as f64 / (1u64 << 53) as f64) < rate)
+}
+
+/// Bodies past this many compressed bytes inflate on a blocking thread: up to
+/// validation.max_body_bytes of inflating would hold a worker that serves other connections.
+const INFLATE_INLINE_BYTES: usize = 16 * 1024;
+
+/// The body as validation reads it: refused 415 for a type or encoding the sidecar does not take,
+/// inflated when compressed (413 past validation.max_body_bytes inflated, the bomb never inflated
+/// further; 400 malformed when it is not a stream of its encoding), as the Python chain refused it
+/// (http_routes.check_body_headers, unreadable_body); None when it may go on.
+async fn unpack(shared: &Shared, request: &mut Infer) -> Option<Reply> {
+    let model = request.model.as_str();
+    let encoding = match &request.coding {
+        Coding::Identity => return None,
+        Coding::Refused(message) => {
+            return Some(rejected(shared, model, refusal("unsupported_media_type", 415, message, model, &[])));
+        }
+        Coding::Gzip => "gzip",
+        Coding::Deflate => "deflate",
+        Coding::Brotli => "br",
+    };
+    let limit = shared.settings.max_body_bytes;
+    let unpacked = move |body: &[u8]| match encoding {
+        "br" => inflate::unbrotli(body, limit),
+        _ => inflate::inflate(body, encoding == "gzip", limit),
+    };
+    let inflated = if request.body.len() <= INFLATE_INLINE_BYTES {
+        unpacked(&request.body)
+    } else {
+        let body = request.body.clone();
+        match tokio::task::spawn_blocking(move || unpacked(&body)).await {
+            Ok(inflated) => inflated,
+            // A panic while inflating ends this request as any panic in its task does (500).
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(Unpacked::Unreadable("the sidecar is shutting down".to_owned())),
+        }
+    };
+    match inflated {
+        Ok(body) => {
+            request.body = Bytes::from(body);
+            None
+        }
+        Err(Unpacked::TooLarge) => Some(rejected(shared, model, super::connection::body_too_large(limit, model))),
+        Err(Unpacked::Unreadable(why)) => {
+            let message = format!("request body cannot be read ({encoding}): {}", cut(&why, 120));
+            Some(rejected(shared, model, refusal("malformed", 400, &message, model, &[])))
+        }
+    }
 }
 
 async fn answer(shared: &Shared, request: &mut Infer) -> Reply {

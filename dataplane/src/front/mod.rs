@@ -4,8 +4,10 @@
 //! every request head itself (`connection`), enforces the listener's bounds with the sidecar's JSON
 //! refusals, and serves a unary infer to a model the control plane marked as fit for it (`lane`:
 //! validation, breaker, Triton, screening, counters) without entering Python, to it or to a version
-//! of it a client pinned. Whatever the lane does not serve yet (metadata, health, the control API
-//! refused, a version whose spec is not fetched yet, a rollout, a model on hold...) is handed, with
+//! of it a client pinned. The rest of the v2 routes (Triton's documents, statistics, readiness, the
+//! control API refused, the router's 404s and 405s) are answered by `documents` as the Python app
+//! answers them. Whatever the front does not serve yet (a filtered model's pinned version's documents, the
+//! app's own endpoints, a version whose spec is not fetched yet, a rollout, a model on hold...) is handed, with
 //! the very bytes the client sent, to the Python app listening on a loopback port behind it, which
 //! answers it exactly as before.
 //!
@@ -19,6 +21,7 @@
 
 pub mod admission;
 pub mod connection;
+pub mod documents;
 pub mod events;
 pub mod generate;
 pub mod generate_stream;

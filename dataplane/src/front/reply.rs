@@ -116,8 +116,11 @@ pub fn encode(reply: &Reply, request_id: &str, keep_alive: bool) -> Vec<u8> {
     if !reply.content_type.is_empty() {
         out.extend_from_slice(format!("Content-Type: {}\r\n", reply.content_type).as_bytes());
     }
-    let head = format!("Content-Length: {}\r\nX-Request-ID: {}\r\n", reply.body.len(), request_id);
-    out.extend_from_slice(head.as_bytes());
+    out.extend_from_slice(format!("Content-Length: {}\r\n", reply.body.len()).as_bytes());
+    // "" for an answer that names none (the router's 404 and 405, as aiohttp's middleware wrote them).
+    if !request_id.is_empty() {
+        out.extend_from_slice(format!("X-Request-ID: {request_id}\r\n").as_bytes());
+    }
     if let Some(length) = reply.header_length {
         out.extend_from_slice(format!("Inference-Header-Content-Length: {length}\r\n").as_bytes());
     }

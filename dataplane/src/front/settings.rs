@@ -17,6 +17,8 @@ pub struct Settings {
     pub max_body_bytes: usize,
     pub client_body_timeout: Duration,
     pub upstream_timeout: Duration,
+    /// triton.timeout_s: the bound of a GET of one of Triton's documents (metadata, config, stats).
+    pub triton_timeout: Duration,
     pub retry_after_s: u64,
     pub max_in_flight_per_model: usize,
     pub queue_size_per_model: usize,

@@ -110,6 +110,9 @@ pub struct Snapshot {
     /// HealthService answers by). None before Python's first publish: the calls go to the Python
     /// gRPC server.
     pub serving: Option<HashMap<String, bool>>,
+    /// What the v2 document routes need (front/documents.rs); None before Python's first publish
+    /// of it: those that need it are forwarded.
+    pub documents: Option<std::sync::Arc<super::documents::Documents>>,
 }
 
 impl Snapshot {

@@ -241,8 +241,22 @@ impl Tracing {
     /// here, on the front's sampler and exporter, so that Python pays a call at its start and one at
     /// its end rather than the Python SDK's span and export (issue 32's cost per sampled span).
     pub fn python_span(&self, name: String, traceparent: Option<&str>, tracestate: Option<&str>) -> Option<PythonSpan> {
+        self.span_since(name, traceparent, tracestate, std::time::SystemTime::now())
+    }
+
+    /// `python_span` begun at `started`: a request the front answered itself, its span made once
+    /// the answer is known to be the front's (one it hands to the Python app after all gets
+    /// Python's span alone).
+    pub fn span_since(
+        &self,
+        name: String,
+        traceparent: Option<&str>,
+        tracestate: Option<&str>,
+        started: std::time::SystemTime,
+    ) -> Option<PythonSpan> {
         let parent = parent_context(traceparent, tracestate);
-        let span = self.tracer.span_builder(name).with_kind(SpanKind::Server).start_with_context(&self.tracer, &parent);
+        let builder = self.tracer.span_builder(name).with_kind(SpanKind::Server).with_start_time(started);
+        let span = builder.start_with_context(&self.tracer, &parent);
         let context = span.span_context().clone();
         if !context.is_sampled() {
             return None;

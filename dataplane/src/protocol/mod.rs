@@ -3,6 +3,7 @@
 
 pub mod answers;
 pub mod datatypes;
+pub mod inflate;
 pub mod json;
 pub mod pytext;
 pub mod sse;

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use std::os::fd::IntoRawFd;
 use std::os::unix::net::UnixStream;
 
+use crate::front::documents::{Documents, Guarded};
 use crate::front::events::{Event, Events};
 use crate::front::grpc::{self, GrpcFront, GrpcSettings};
 use crate::front::settings::Settings;
@@ -56,6 +57,11 @@ type EndedTuple = (String, u16, Vec<u8>, Option<u64>, String, Vec<u8>, Option<Ve
 type GuardTuple = (String, bool, bool, String);
 /// (path, status, JSON body or empty, Retry-After or None, reason label or "").
 type CannedTuple = (String, u16, Vec<u8>, Option<u64>, String);
+/// ([(model, named by an output filter, its /ready refusal (status, JSON body, Retry-After) or
+/// None, the filter's verdict on its declared outputs or None)] in admission's order,
+/// proxy.allow_statistics, the v2 extensions GET /v2 shows).
+type DocumentsTuple = (Vec<GuardedTuple>, bool, Vec<String>);
+type GuardedTuple = (String, bool, Option<(u16, Vec<u8>, Option<u64>)>, Option<Vec<(String, bool)>>);
 
 /// (certificate chain PEM, key PEM, client CA bundle PEM or None, allowed client SANs, min version)
 /// as sidecar/fronts/tls.py loaded and checked them.
@@ -175,6 +181,7 @@ impl HttpFront {
             max_body_bytes: get("validation.max_body_bytes")? as usize,
             client_body_timeout: secs(get("proxy.client_body_timeout_s")?, "proxy.client_body_timeout_s")?,
             upstream_timeout: secs(get("proxy.upstream_timeout_s")?, "proxy.upstream_timeout_s")?,
+            triton_timeout: secs(get("triton.timeout_s")?, "triton.timeout_s")?,
             retry_after_s: get("proxy.retry_after_s")? as u64,
             max_in_flight_per_model: get("proxy.max_in_flight_per_model")? as usize,
             queue_size_per_model: get("proxy.queue_size_per_model")? as usize,
@@ -458,7 +465,8 @@ impl HttpFront {
     /// True for SERVING), None while the gRPC front is not this crate's.
     /// `guards`: (model, suspect, may be held for a heal, fallback version or "") for every model
     /// the sidecar guards (a lane's model not among them is not served: released).
-    #[pyo3(signature = (lanes, ended, health = Vec::new(), serving = None, guards = None))]
+    /// `documents`: what the v2 document routes need (None: they are forwarded).
+    #[pyo3(signature = (lanes, ended, health = Vec::new(), serving = None, guards = None, documents = None))]
     fn publish(
         &self,
         lanes: Vec<LaneTuple<'_>>,
@@ -466,6 +474,7 @@ impl HttpFront {
         health: Vec<CannedTuple>,
         serving: Option<Vec<(String, bool)>>,
         guards: Option<Vec<GuardTuple>>,
+        documents: Option<DocumentsTuple>,
     ) -> PyResult<()> {
         let mut breakers = self.breakers.lock().map_err(|_| PyRuntimeError::new_err("breakers poisoned"))?;
         let capacity = self.shared.settings.max_in_flight_per_model;
@@ -519,6 +528,25 @@ impl HttpFront {
             snapshot.health.insert(path, Arc::new(Canned { status, body: Bytes::from(body), retry_after, reason }));
         }
         snapshot.serving = serving.map(|statuses| statuses.into_iter().collect());
+        if let Some((models, allow_statistics, extensions)) = documents {
+            let served = models.iter().map(|(name, ..)| name.as_str()).collect::<Vec<_>>().join(", ");
+            let models = models.into_iter().map(|(name, filtered, ready, outputs)| {
+                let not_ready = ready.map(|(status, body, retry_after)| Canned {
+                    status,
+                    body: Bytes::from(body),
+                    retry_after,
+                    reason: "not_ready".to_owned(),
+                });
+                let outputs = outputs.map(|judged| judged.into_iter().collect());
+                (name, Guarded { filtered, not_ready, outputs })
+            });
+            snapshot.documents = Some(Arc::new(Documents {
+                models: models.collect(),
+                served,
+                allow_statistics,
+                extensions: extensions.into_iter().collect(),
+            }));
+        }
         self.shared.publish(snapshot);
         self.shared.watchdog.control_seen();
         Ok(())

@@ -6,6 +6,7 @@ mod compare;
 mod filtering;
 mod front;
 mod generation;
+mod inflate;
 mod metrics;
 mod spans;
 mod validation;
@@ -21,6 +22,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     metrics::register(m)?;
     front::register(m)?;
     spans::register(m)?;
+    inflate::register(m)?;
     generation::register(m)
 }
 
