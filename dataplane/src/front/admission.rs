@@ -175,41 +175,10 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::front::events::Events;
-    use crate::front::settings::Settings;
     use crate::front::state::{Ended, Guard};
-    use crate::front::upstream::Upstream;
-    use crate::metrics::request::RequestMetrics;
 
     fn shared(hold_during_heal: Duration, hold_while_suspect: Duration) -> Arc<Shared> {
-        let second = Duration::from_secs(1);
-        let settings = Settings {
-            header_timeout: second,
-            keepalive_timeout: second,
-            max_url_bytes: 1024,
-            max_header_bytes: 8192,
-            max_headers: 64,
-            max_connections: 8,
-            lingering_time: second,
-            lingering_timeout: second,
-            lingering_max_bytes: 1024,
-            max_body_bytes: 1 << 20,
-            client_body_timeout: second,
-            upstream_timeout: second,
-            triton_timeout: second,
-            retry_after_s: 5,
-            max_in_flight_per_model: 4,
-            queue_size_per_model: 4,
-            block_non_finite_outputs: true,
-            hold_during_heal,
-            hold_while_suspect,
-            access_log_sample_rate: 0.0,
-            watchdog_stall: Duration::from_secs(60),
-        };
-        let metrics = Arc::new(RequestMetrics::new(vec![0.1, 1.0], vec![1.0, 10.0]));
-        let nowhere = std::net::SocketAddr::from(([127, 0, 0, 1], 9));
-        let upstream = Upstream::new(nowhere.to_string(), second);
-        Arc::new(Shared::new(settings, nowhere, upstream, metrics, Arc::new(Events::default())))
+        crate::front::shared_for_tests(hold_during_heal, hold_while_suspect)
     }
 
     /// A lane of `m` whose spec names its one input `input`; `stale` as published.

@@ -272,3 +272,41 @@ impl Drop for Counted {
         self.0.metrics.connections_open.fetch_sub(1, Ordering::Relaxed);
     }
 }
+
+/// A `Shared` for unit tests: small bounds, nothing listening behind it (Triton "at" port 9), the
+/// holds as given; one place for the fields a new setting adds.
+#[cfg(test)]
+pub(crate) fn shared_for_tests(
+    hold_during_heal: std::time::Duration,
+    hold_while_suspect: std::time::Duration,
+) -> Arc<Shared> {
+    use std::time::Duration;
+    let second = Duration::from_secs(1);
+    let settings = settings::Settings {
+        header_timeout: second,
+        keepalive_timeout: second,
+        max_url_bytes: 1024,
+        max_header_bytes: 8192,
+        max_headers: 64,
+        max_connections: 8,
+        lingering_time: second,
+        lingering_timeout: second,
+        lingering_max_bytes: 1024,
+        max_body_bytes: 1 << 20,
+        client_body_timeout: second,
+        upstream_timeout: second,
+        triton_timeout: second,
+        retry_after_s: 5,
+        max_in_flight_per_model: 4,
+        queue_size_per_model: 4,
+        block_non_finite_outputs: true,
+        hold_during_heal,
+        hold_while_suspect,
+        access_log_sample_rate: 0.0,
+        watchdog_stall: Duration::from_secs(60),
+    };
+    let metrics = Arc::new(crate::metrics::request::RequestMetrics::new(vec![0.1, 1.0], vec![1.0, 10.0]));
+    let nowhere = std::net::SocketAddr::from(([127, 0, 0, 1], 9));
+    let upstream = upstream::Upstream::new(nowhere.to_string(), second);
+    Arc::new(Shared::new(settings, nowhere, upstream, metrics, Arc::new(events::Events::default())))
+}
