@@ -50,6 +50,16 @@ async def started_and_healthy(start, config: SidecarConfig, timeout: float = 30)
     return sidecar
 
 
+async def served_by_front(front: Any, model: str, timeout: float = 10, *, settled: bool = True) -> None:
+    """Wait until the Rust front publishes `model` as a lane (and, with settled, no spec fetch is in
+    flight): before that its requests go to the Python chain, whose breaker and admission are not the
+    front's, so a test of what the front serves would race the hand-over. A no-op on the Python listener."""
+    if not isinstance(front, HttpFront):
+        return
+    await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]} and (front.settled or not settled),
+                   timeout, what=f"{model} a lane on the front")
+
+
 def features(rows: int = 1, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((rows, 128)).astype(np.float32)
 

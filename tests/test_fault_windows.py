@@ -25,7 +25,7 @@ from sidecar.fronts.grpc_server import SERVICE
 from sidecar.fronts.http_front import HttpFront
 from sidecar.states import ModelState
 from tests.harness import sidecar_config, wait_for
-from tests.proxy_support import PythonEntries, credit_json, features
+from tests.proxy_support import PythonEntries, credit_json, features, served_by_front
 
 pytestmark = pytest.mark.fault
 
@@ -146,8 +146,7 @@ async def test_requests_held_while_suspect_are_held_and_served_by_the_front_with
     await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what=f"{model} HEALTHY")
     front = sidecar.server
     assert isinstance(front, HttpFront)
-    await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]} and front.settled, 10,
-                   what=f"{model} a lane")
+    await served_by_front(front, model)
 
     handovers = front.handovers
     with PythonEntries(sidecar.app[SERVING]) as entries:
@@ -166,9 +165,7 @@ async def test_requests_held_while_suspect_are_refused_when_the_confirmation_fai
     sidecar = await start(_hold_config(triton, fresh_model))
     await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what=f"{model} HEALTHY")
     front = sidecar.server
-    if isinstance(front, HttpFront):  # held and refused by the front's own admission
-        await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]} and front.settled, 10,
-                       what=f"{model} a lane")
+    await served_by_front(front, model)  # held and refused by the front's own admission
     handovers = front.handovers if isinstance(front, HttpFront) else 0
 
     # Wrong answers from now on, each 0.2 s late: the confirmation fails, slowly enough to be held for.

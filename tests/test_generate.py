@@ -20,7 +20,7 @@ from sidecar.fronts.appkeys import SERVING
 from sidecar.fronts.http_front import HttpFront
 from sidecar.states import ModelState
 from tests.harness import FAULTY_TEXT_TEMPLATE, SLACK_S, FreshModel, sidecar_config, wait_for
-from tests.proxy_support import PythonEntries
+from tests.proxy_support import PythonEntries, served_by_front
 
 #: 20 words at the model's 10 ms per word: about 200 ms from the first event to the last.
 WORDS = " ".join(f"w{i}" for i in range(20))
@@ -45,10 +45,7 @@ async def _healthy(sidecar: Any, model: str) -> None:
     requests go to the Python chain, whose breaker is not the front's (a test of the breaker or of
     what the front serves would race that hand-over)."""
     await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 30, what=f"{model} HEALTHY")
-    front = sidecar.server
-    if isinstance(front, HttpFront):
-        await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]} and front.settled, 10,
-                       what=f"{model} a lane")
+    await served_by_front(sidecar.server, model)
 
 
 async def read_stream(url: str, body: dict[str, Any], *, limit_s: float = 15.0

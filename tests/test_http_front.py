@@ -34,6 +34,7 @@ from tests.proxy_support import (
     credit_json,
     features,
     proxy_config,
+    served_by_front,
     started_and_healthy,
     triton_successes,
 )
@@ -84,7 +85,7 @@ async def test_infer_to_a_trusted_model_never_enters_the_python_chain(triton, st
     async with sidecar.session.post(sidecar.url + CREDIT + "?via=python", data=body,
                                     headers={"Content-Type": "application/json"}) as r:
         python_answer = (r.status, await r.read())
-    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5, what="credit_risk a lane")
+    await served_by_front(front, "credit_risk", 5, settled=False)
     before_fast, before_triton = front.fast_requests, triton_successes(triton, "credit_risk")
     request = (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
                % (CREDIT.encode(), len(body))) + body
@@ -231,8 +232,7 @@ async def test_a_model_with_a_rule_file_is_served_and_refused_by_the_front(trito
         return out
 
     python_answers = await answers("?via=python")  # a query string is left to the Python chain
-    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5,
-                   what="credit_risk (with its rule file) a lane")
+    await served_by_front(front, "credit_risk", 5, settled=False)
     before_fast, before_handed = front.fast_requests, front.handovers
     before_triton = triton_successes(triton, "credit_risk")
     with PythonEntries(core) as python:
@@ -275,7 +275,7 @@ async def test_a_reloaded_rule_file_reaches_the_front(triton, start, tmp_path):
                                         headers={"Content-Type": "application/json"}) as r:
             return r.status, await r.json()
 
-    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5, what="credit_risk a lane")
+    await served_by_front(front, "credit_risk", 5, settled=False)
     handed = front.handovers
     status, doc = await post()
     assert (status, doc["reason"], front.handovers) == (400, "business_rule", handed)
@@ -286,8 +286,7 @@ async def test_a_reloaded_rule_file_reaches_the_front(triton, start, tmp_path):
         return (await post())[0] == 200
 
     await wait_for(accepted, 5, what="the reloaded rule file in force")
-    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5,
-                   what="credit_risk a lane again")
+    await served_by_front(front, "credit_risk", 5, settled=False)
     handed, served = front.handovers, front.fast_requests
     assert [(await post())[0] for _ in range(5)] == [200] * 5
     assert front.handovers == handed and front.fast_requests - served == 5
@@ -314,7 +313,7 @@ async def test_what_the_front_does_not_serve_is_answered_by_the_python_app_behin
 async def test_a_kept_alive_client_that_asks_for_metadata_keeps_its_infers_on_the_front(triton, start):
     sidecar = await started_and_healthy(start, _rust(proxy_config(triton)))
     front = sidecar.server
-    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5, what="credit_risk a lane")
+    await served_by_front(front, "credit_risk", 5, settled=False)
     body = json.dumps(credit_json()).encode()
     infer = (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
              % (CREDIT.encode(), len(body))) + body
@@ -403,7 +402,7 @@ def _get(port: int, path: str, body: bytes | None = None) -> tuple[int, bytes]:
 async def test_a_health_loop_that_stops_turning_fails_healthz_on_the_front_which_still_serves(triton, start):
     sidecar = await started_and_healthy(start, _rust(proxy_config(triton, liveness={"watchdog_stall_s": STALL_S})))
     front = sidecar.server
-    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5, what="credit_risk a lane")
+    await served_by_front(front, "credit_risk", 5, settled=False)
     body = json.dumps(credit_json()).encode()
     seen: dict[str, Any] = {}
     answered = threading.Event()
@@ -481,7 +480,7 @@ async def test_a_front_runtime_that_stops_answering_fails_healthz_and_readyz_nam
 async def test_the_drain_waits_for_the_fronts_own_requests_to_go_quiet(triton, start):
     sidecar = await started_and_healthy(start, _rust(proxy_config(triton)))
     front = sidecar.server
-    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5, what="credit_risk a lane")
+    await served_by_front(front, "credit_risk", 5, settled=False)
     body = json.dumps(credit_json()).encode()
     before = front.fast_requests
     traffic_until = time.monotonic() + 2.5
@@ -541,7 +540,7 @@ async def test_generate_and_generate_stream_to_a_trusted_model_never_enter_the_p
         python_stream = await _stream(session, base + "/generate_stream?via=python", words)
     assert python_answer[0] == 200 and json.loads(python_answer[2])["text_output"] == "alpha"
     assert python_stream[0] == 200 and len(python_stream[2]) == STREAM_WORDS
-    await wait_for(lambda: TEXT in {lane[0] for lane in front.lanes()[0]}, 5, what=f"{TEXT} a lane")
+    await served_by_front(front, TEXT, 5, settled=False)
     before_fast, before_handed = front.fast_requests, front.handovers
 
     async def generate(session: aiohttp.ClientSession) -> tuple[int, str, bytes]:
@@ -590,7 +589,7 @@ async def test_compressed_infer_bodies_are_inflated_by_the_front(triton, start):
                                                                   probes={"interval_s": 3600, "jitter": 0.0})))
     front = sidecar.server
     core = sidecar.app[SERVING]
-    await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 5, what="credit_risk a lane")
+    await served_by_front(front, "credit_risk", 5, settled=False)
     body = json.dumps(credit_json(rows=2, seed=3)).encode()
     json_type = {"Content-Type": "application/json"}
     async with sidecar.session.post(sidecar.url + CREDIT, data=body, headers=json_type) as r:

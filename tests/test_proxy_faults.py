@@ -21,6 +21,7 @@ from tests.proxy_support import (
     PythonEntries,
     credit_json,
     proxy_config,
+    served_by_front,
     served_like_production,
     started_and_healthy,
 )
@@ -128,7 +129,7 @@ async def test_requests_held_during_a_heal_are_held_and_served_by_the_front_with
     sidecar = await started_and_healthy(start, replace(config, listen=replace(config.listen, front="rust")))
     front = sidecar.server
     assert isinstance(front, HttpFront)
-    await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]}, 5, what=f"{model} a lane")
+    await served_by_front(front, model, 5, settled=False)
     admission = sidecar.app[SERVING].admission
     holding: list[int] = []
 
@@ -161,7 +162,7 @@ async def test_a_client_that_leaves_while_held_by_the_front_frees_its_hold_and_i
     sidecar = await started_and_healthy(start, replace(config, listen=replace(config.listen, front="rust")))
     front = sidecar.server
     assert isinstance(front, HttpFront)
-    await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]}, 5, what=f"{model} a lane")
+    await served_by_front(front, model, 5, settled=False)
     fresh_model.inject("nan")
     await wait_for(lambda: sidecar.state(model) is ModelState.UNHEALTHY, 20, what="UNHEALTHY")
     admission = sidecar.app[SERVING].admission

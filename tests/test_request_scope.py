@@ -26,7 +26,7 @@ from sidecar.serving.refusals import Reason, Refusal
 from sidecar.serving.request import RequestWrapper
 from sidecar.serving.telemetry import GRPC, HTTP, RequestTelemetry
 from tests.harness import wait_for
-from tests.proxy_support import credit_json, features, proxy_config, started_and_healthy
+from tests.proxy_support import credit_json, features, proxy_config, served_by_front, started_and_healthy
 from tests.test_grpc import GRPC_FRONT, _credit_request, _raw_call, _served_by_the_lane, grpc_config
 
 CREDIT = "/v2/models/credit_risk/infer"
@@ -112,7 +112,7 @@ async def test_an_unexpected_error_is_500_json_on_both_http_paths_logged_and_cou
     if rust:
         # The fast path is the Rust front's lane: a panic injected on the real request path there,
         # the Python chain's bug behind it for the request it forwards.
-        await wait_for(lambda: "credit_risk" in {lane[0] for lane in front.lanes()[0]}, 10, what="credit_risk a lane")
+        await served_by_front(front, "credit_risk", 10, settled=False)
         front.panic_next("credit_risk")
     monkeypatch.setattr(HttpInferExchange, "validate", _boom)
     fast_before = front.fast_requests

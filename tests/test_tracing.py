@@ -37,7 +37,7 @@ from sidecar.logs import configure_logging
 from sidecar.states import ModelState
 from tests.conftest import EXAMPLE_MODELS, _repository_copy
 from tests.harness import FreshModel, stop_sidecar, wait_for
-from tests.proxy_support import credit_json, features, proxy_config, started_and_healthy
+from tests.proxy_support import credit_json, features, proxy_config, served_by_front, started_and_healthy
 
 SIDECAR_SERVICE = "triton-sidecar"
 
@@ -493,7 +493,7 @@ def _export_threads() -> int:
 async def _lane(sidecar: Any, model: str) -> Any:
     """The front, once `model` is one of its lanes (its requests served in Rust, so traced there)."""
     front = sidecar.server
-    await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]}, 10, what=f"{model} a lane")
+    await served_by_front(front, model, 10, settled=False)
     return front
 
 

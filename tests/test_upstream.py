@@ -26,7 +26,14 @@ from sidecar.fronts.http_front import HttpFront, UpstreamStats
 from sidecar.states import ModelState
 from sidecar.upstream import UpstreamDropped, UpstreamPool, UpstreamUnreachable
 from tests.harness import REPO, RunningSidecar, start_sidecar, stop_sidecar, triton_post, wait_for
-from tests.proxy_support import binary_request, credit_json, decode_answer, proxy_config, started_and_healthy
+from tests.proxy_support import (
+    binary_request,
+    credit_json,
+    decode_answer,
+    proxy_config,
+    served_by_front,
+    started_and_healthy,
+)
 
 ECHO_TEMPLATE = REPO / "tests" / "models" / "echo"
 CREDIT = "/v2/models/credit_risk/infer"
@@ -43,7 +50,7 @@ async def _served_by_the_front(sidecar: RunningSidecar, model: str) -> None:
     otherwise be the Python chain's, on the Python pool)."""
     if isinstance(sidecar.server, HttpFront):
         front = sidecar.server
-        await wait_for(lambda: model in {lane[0] for lane in front.lanes()[0]}, 10, what=f"{model} a lane")
+        await served_by_front(front, model, 10, settled=False)
 
 
 async def _post(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, dict]:
