@@ -161,6 +161,34 @@ async def test_grpc_calls_through_a_nan_heal_are_held_and_answered_right_after_i
         assert entries.count == 0, f"{entries.count} entries into the Python request chain"
 
 
+async def test_a_grpc_client_that_leaves_while_held_frees_its_hold_and_is_counted_cancelled(
+        triton, fresh_model, start):
+    """A call held for a heal that does not come (healing off): its client cancels it, and the hold
+    ends with it (Admission.holding back to zero, CANCELLED counted), long before the bound."""
+    model = fresh_model.name
+    config = grpc_config(triton, models=[model], golden_dir=fresh_model.golden_dir, healing={"enabled": False},
+                         proxy={"hold_during_heal_s": 60})
+    sidecar = await started_and_healthy(start, config)
+    target = f"127.0.0.1:{config.listen.grpc_port}"
+    await _a_lane(sidecar, target, model)
+    fresh_model.inject("nan")
+    await wait_for(lambda: sidecar.state(model) is ModelState.UNHEALTHY, 20, what="UNHEALTHY")
+    admission = sidecar.app[SERVING].admission
+    handovers = sidecar.server.grpc_handovers if GRPC_FRONT == "rust" else 0
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = _infer(channel)(_request(model, 1), timeout=60)
+        await wait_for(lambda: admission.holding[model] == 1, 10, what="the call held")
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    await wait_for(lambda: not admission.holding, 5, what="the hold ended with its client")
+    await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_requests_total", protocol="grpc", model=model,
+                                          code="CANCELLED") == 1, 5, what="CANCELLED counted")
+    assert not sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="held_timeout")
+    if GRPC_FRONT == "rust":
+        assert sidecar.server.grpc_handovers == handovers, "the call was handed to the Python gRPC server"
+
+
 async def test_grpc_calls_to_a_quarantined_model_are_refused_unavailable_with_its_reason_and_pushback(
         triton, fresh_model, start):
     model = fresh_model.name

@@ -158,6 +158,7 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>) -> Respons
     let call = Arc::new(call);
     let task = tokio::spawn(answer(front.clone(), call.clone()));
     let abort = AbortOnDrop(task.abort_handle());
+    let mut unanswered = Unanswered { front: &front, call: &call, answered: false };
     let outcome = match task.await {
         Ok(outcome) => outcome,
         Err(e) => {
@@ -179,6 +180,7 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>) -> Respons
         }
     };
     drop(abort);
+    unanswered.answered = true;
     finish(&front, &call, &outcome);
     let mut metadata: Vec<(&'static str, String)> = vec![("x-request-id", call.request_id.clone())];
     if !outcome.reason.is_empty() {
@@ -191,6 +193,24 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>) -> Respons
 }
 
 struct AbortOnDrop(tokio::task::AbortHandle);
+
+/// A call whose client left before its answer (it reset the stream, or its deadline passed while
+/// the call was held for a heal): counted and logged CANCELLED `client_disconnected` when `serve`
+/// is dropped unanswered, as the Python gRPC front's RequestScope counts a gone client.
+struct Unanswered<'a> {
+    front: &'a GrpcFront,
+    call: &'a Call,
+    answered: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            let message = "the client closed the call before its answer".to_owned();
+            finish(self.front, self.call, &Outcome::refusal("client_disconnected", message));
+        }
+    }
+}
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
