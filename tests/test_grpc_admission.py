@@ -2,8 +2,9 @@
 while a model's weights turn NaN and it is healed are held through the heal (proxy.hold_during_heal_s)
 and answered right after it, or refused UNAVAILABLE with the quarantine's reason and
 `grpc-retry-pushback-ms`; calls that come while a failed round is being confirmed wait for its
-verdict (proxy.hold_while_suspect_ms); unpinned calls to a model whose newest version is broken are
-answered by the trusted one (the fallback). On the Rust gRPC front (SIDECAR_TEST_GRPC_FRONT=rust) not one
+verdict (proxy.hold_while_suspect_ms); a held call its client cancels frees its hold and is counted
+CANCELLED; unpinned calls to a model whose newest version is broken are answered by the trusted one
+(the fallback). On the Rust gRPC front (SIDECAR_TEST_GRPC_FRONT=rust) not one
 of them is handed to the Python gRPC server or enters the Python request chain."""
 
 from __future__ import annotations
