@@ -74,6 +74,9 @@ GRPC_RUST_TESTS = tests/test_grpc.py tests/test_wire_fuzz.py tests/test_request_
 # grpcs on the Rust gRPC front (issue 31, deliverable 4): TLS, rotation, mutual TLS, min_version.
 GRPC_RUST_TESTS += tests/test_tls.py
 
+# Admission (holds, quarantine refusals, the fallback) on the Rust gRPC front's ModelInfer lane.
+GRPC_RUST_TESTS += tests/test_grpc_admission.py
+
 test: system-deps lint $(MLSERVER_VENV)/.installed
 	$(CARGO) test --manifest-path $(CRATE) --quiet
 	$(BIN)/python -m pytest

@@ -505,12 +505,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         // The route of infer and generate (routing.Router.route without a rollout): the pin, else
         // the fallback Python chose while Triton's choice is not trusted, else Triton's choice. A
         // stream is not routed (OpenStream.join admits the version it names, "" for Triton's).
-        let (version, fallback) = match snapshot.guards.get(model) {
-            Some(guard) if version.is_empty() && !guard.fallback.is_empty() && endpoint != Endpoint::GenerateStream => {
-                (guard.fallback.as_str(), true)
-            }
-            _ => (version, false),
-        };
+        let (version, fallback) =
+            if endpoint == Endpoint::GenerateStream { (version, false) } else { snapshot.route(model, version) };
         // A version only when it is loaded and its spec published (admission then judges it as the
         // Python chain would); any other goes to the Python chain, which fetches its spec
         // (published for the next request) or refuses it.

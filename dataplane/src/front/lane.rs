@@ -316,9 +316,15 @@ pub(super) fn triton_path(model: &str, version: &str, endpoint: &str) -> String 
 /// ServingCore.infer counts its route (infer and generate; a stream is not routed). Only loaded
 /// versions are published, so the version is its own label (never "other").
 pub(super) fn routed(shared: &Shared, request: &Infer) {
-    if !request.version.is_empty() {
-        let reason = if request.fallback { "fallback" } else { "pinned" };
-        shared.metrics.routed.inc(&[request.model.as_str(), request.version.as_str(), reason]);
+    routed_to(shared, &request.model, &request.version, request.fallback);
+}
+
+/// `routed` for a request to `version` of `model` over any wire (`fallback`: the version is the
+/// model's fallback, not a pin).
+pub(super) fn routed_to(shared: &Shared, model: &str, version: &str, fallback: bool) {
+    if !version.is_empty() {
+        let reason = if fallback { "fallback" } else { "pinned" };
+        shared.metrics.routed.inc(&[model, version, reason]);
     }
 }
 
@@ -328,17 +334,36 @@ pub(super) fn routed(shared: &Shared, request: &Infer) {
 /// heal (or read with a stale lane) goes on with the lane published after it, its spec fetched anew
 /// (Some), as the Python chain's fetches the spec after its hold; None: the lane it was read with.
 pub(super) async fn admitted(shared: &Shared, request: &Infer) -> Result<Option<Arc<Lane>>, Reply> {
+    let admitting = Admitting { protocol: "http", model: &request.model, version: &request.version };
+    admitted_on(shared, admitting, request.lane.stale, &request.span).await
+}
+
+/// Who asks admission: a request to `version` of `model` ("" = Triton's choice) over `protocol`
+/// (http, grpc: the label its refusal is counted under).
+pub(super) struct Admitting<'a> {
+    pub protocol: &'a str,
+    pub model: &'a str,
+    pub version: &'a str,
+}
+
+/// `admitted` for a request over any wire, read with a lane that was `stale` when published.
+pub(super) async fn admitted_on(
+    shared: &Shared,
+    admitting: Admitting<'_>,
+    stale: bool,
+    span: &RequestSpan,
+) -> Result<Option<Arc<Lane>>, Reply> {
     use super::admission::{admit, at_once, fresh_lane, Admitted};
-    let model = request.model.as_str();
-    let admitted = if at_once(shared, model, &request.version) {
+    let Admitting { protocol, model, version } = admitting;
+    let admitted = if at_once(shared, model, version) {
         Admitted::Served
     } else {
-        let admitted = admit(shared, model, &request.version).await;
-        request.span.phase("admission");
-        admitted.map_err(|reply| rejected(shared, model, reply))?
+        let admitted = admit(shared, model, version).await;
+        span.phase("admission");
+        admitted.map_err(|reply| rejected_on(shared, protocol, model, reply))?
     };
-    if admitted == Admitted::AfterHold || request.lane.stale {
-        return Ok(fresh_lane(shared, model, &request.version).await);
+    if admitted == Admitted::AfterHold || stale {
+        return Ok(fresh_lane(shared, model, version).await);
     }
     Ok(None)
 }

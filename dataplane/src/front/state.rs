@@ -131,10 +131,14 @@ impl Snapshot {
         self.guards.get(model).is_some_and(|guard| guard.suspect)
     }
 
-    /// Served as a trusted model is, with no admission to wait for: what the gRPC lane serves (it
-    /// has no admission); any other call to the model is grpcio's chain's.
-    pub fn plain(&self, model: &str) -> bool {
-        self.serves(model) && !self.suspect(model)
+    /// The version a unary request to the model goes to (routing.Router.route without a rollout: a
+    /// model in one is no lane): the client's pin, else the fallback Python chose while Triton's
+    /// choice is not trusted, else "" (Triton's choice); true when it is the fallback.
+    pub fn route<'a>(&'a self, model: &str, pinned: &'a str) -> (&'a str, bool) {
+        match self.guards.get(model) {
+            Some(guard) if pinned.is_empty() && !guard.fallback.is_empty() => (guard.fallback.as_str(), true),
+            _ => (pinned, false),
+        }
     }
 
     /// Trusted or untrusted as a whole (not quarantined for some versions alone): a stream the
@@ -196,12 +200,23 @@ mod tests {
         let mut snapshot = Snapshot::default();
         assert!(!snapshot.serves("m") && !snapshot.trusts("m", ""), "not guarded: neither");
         snapshot.guards.insert("m".into(), Guard::default());
-        assert!(snapshot.serves("m") && snapshot.trusts("m", "2") && snapshot.plain("m"));
+        assert!(snapshot.serves("m") && snapshot.trusts("m", "2") && !snapshot.suspect("m"));
         snapshot.ended.insert("m".into(), std::sync::Arc::new(ended(Some(&["2", ""]))));
-        assert!(!snapshot.serves("m") && !snapshot.plain("m"));
+        assert!(!snapshot.serves("m"));
         assert!(snapshot.trusts("m", "1") && !snapshot.trusts("m", "2") && !snapshot.trusts("m", ""));
         snapshot.ended.clear();
         snapshot.guards.insert("m".into(), Guard { suspect: true, ..Guard::default() });
-        assert!(snapshot.serves("m") && !snapshot.plain("m"), "suspect: served only through admission");
+        assert!(snapshot.serves("m") && snapshot.suspect("m"), "suspect: still serving, through admission");
+    }
+
+    #[test]
+    fn an_unpinned_request_goes_to_the_fallback_and_a_pin_stays_the_client_s() {
+        let mut snapshot = Snapshot::default();
+        assert_eq!(snapshot.route("m", ""), ("", false), "not guarded: Triton's choice");
+        snapshot.guards.insert("m".into(), Guard::default());
+        assert_eq!(snapshot.route("m", "2"), ("2", false));
+        snapshot.guards.insert("m".into(), Guard { fallback: "1".into(), ..Guard::default() });
+        assert_eq!(snapshot.route("m", ""), ("1", true));
+        assert_eq!(snapshot.route("m", "2"), ("2", false), "a pin is never rerouted");
     }
 }

@@ -1,14 +1,22 @@
-//! ModelInfer served without Python to a model published as a lane: validate -> breaker -> Triton
-//! -> screen -> count, the order of lane.rs (and sidecar.serving.core.ServingCore.infer), with the
-//! gRPC front's codes, messages and trailing metadata (`x-request-id`, `x-sidecar-reason`,
-//! `grpc-retry-pushback-ms`).
+//! ModelInfer served without Python to a model published as a lane: route -> admit -> validate ->
+//! breaker -> Triton -> screen -> count, the order of lane.rs (and
+//! sidecar.serving.core.ServingCore.infer), with the gRPC front's codes, messages and trailing
+//! metadata (`x-request-id`, `x-sidecar-reason`, `grpc-retry-pushback-ms`).
+//!
+//! Admission is the HTTP front's (front/admission.rs, through `lane::admitted_on`): an unpinned call
+//! goes to the model's fallback version while Triton's choice is not trusted, a call to a suspect
+//! model waits for the verdict (proxy.hold_while_suspect_ms), one to a quarantined model is held for
+//! the heal (proxy.hold_during_heal_s) or refused at once with the refusal Python published
+//! (UNAVAILABLE, its reason and `grpc-retry-pushback-ms`), all counted as the Python gRPC front
+//! counts them.
 //!
 //! The request is decoded (prost) only to be checked, as the same v2 document and binary chunks the
 //! Python gRPC front builds (`document`), by the one validation rule; Triton gets the client's bytes
-//! unchanged. Triton's answer is decoded only when the model has hidden outputs or is screened for
-//! NaN/Inf, and re-encoded only when an output is removed. Whatever the lane does not serve (a
-//! model or version that is not a lane, a pin by header, a compressed or malformed message) goes to
-//! the Python gRPC server with the bytes already read. With tracing on, a call is one SERVER span of
+//! unchanged (re-encoded with its `model_version` set only when it goes to the fallback). Triton's
+//! answer is decoded only when the model has hidden outputs or is screened for NaN/Inf, and
+//! re-encoded only when an output is removed. Whatever the lane does not serve (a model or version
+//! that is not a lane, a pin by header, a compressed or malformed message) goes to the Python gRPC
+//! server with the bytes already read. With tracing on, a call is one SERVER span of
 //! the front's (front/tracing.rs), named and attributed as the Python gRPC front's.
 
 use std::sync::atomic::Ordering;
@@ -24,7 +32,7 @@ use prost::Message;
 
 use crate::front::connection::{panic_message, request_id, trace_id};
 use crate::front::events::{AccessRecord, Event};
-use crate::front::lane::{self, AtTriton, InFlight};
+use crate::front::lane::{self, Admitting, AtTriton, InFlight};
 use crate::front::reply::Reply;
 use crate::front::state::Lane;
 use crate::front::tracing::{Opened, RequestSpan, Route};
@@ -50,10 +58,15 @@ const MODEL_INFER_ROUTE: Route = Route::Grpc {
 /// One ModelInfer the lane serves.
 struct Call {
     model: String,
-    /// The version the request names ("" = Triton picks).
+    /// The version the request goes to: the one it names, or the model's fallback while Triton's
+    /// choice is not trusted ("" = Triton picks).
     version: String,
+    /// `version` is the fallback, not the client's pin.
+    fallback: bool,
+    /// The lane as read when the call came (admission may give it a fresher one).
     lane: Arc<Lane>,
-    /// The client's body as it came (one framed message): what Triton gets.
+    /// What Triton gets: the client's body as it came (one framed message), or, routed to the
+    /// fallback, the request with that `model_version` (GrpcInferExchange._for_version).
     body: Bytes,
     request: ModelInferRequest,
     request_id: String,
@@ -145,6 +158,7 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>) -> Respons
     let call = Arc::new(call);
     let task = tokio::spawn(answer(front.clone(), call.clone()));
     let abort = AbortOnDrop(task.abort_handle());
+    let mut unanswered = Unanswered { front: &front, call: &call, answered: false };
     let outcome = match task.await {
         Ok(outcome) => outcome,
         Err(e) => {
@@ -166,6 +180,7 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>) -> Respons
         }
     };
     drop(abort);
+    unanswered.answered = true;
     finish(&front, &call, &outcome);
     let mut metadata: Vec<(&'static str, String)> = vec![("x-request-id", call.request_id.clone())];
     if !outcome.reason.is_empty() {
@@ -178,6 +193,24 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>) -> Respons
 }
 
 struct AbortOnDrop(tokio::task::AbortHandle);
+
+/// A call whose client left before its answer (it reset the stream, or its deadline passed while
+/// the call was held for a heal): counted and logged CANCELLED `client_disconnected` when `serve`
+/// is dropped unanswered, as the Python gRPC front's RequestScope counts a gone client.
+struct Unanswered<'a> {
+    front: &'a GrpcFront,
+    call: &'a Call,
+    answered: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            let message = "the client closed the call before its answer".to_owned();
+            finish(self.front, self.call, &Outcome::refusal("client_disconnected", message));
+        }
+    }
+}
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -229,7 +262,8 @@ async fn read_message(mut body: Incoming, limit: usize) -> Result<Bytes, Read> {
 }
 
 /// The call when the lane serves it: one uncompressed message that decodes, no pin by header, its
-/// model a lane (and its version one of the lane's).
+/// model a lane (and the version it goes to one of the lane's). Whatever the model's health, the
+/// lane's admission (front/admission.rs) then serves, holds or refuses it.
 fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Instant) -> Option<Call> {
     let shared = &front.shared;
     if headers.contains_key("x-model-version") {
@@ -238,12 +272,19 @@ fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Inst
     let message = wire::single_message(body)?;
     let request = ModelInferRequest::decode(message).ok()?;
     let snapshot = shared.state.load();
-    if !snapshot.plain(&request.model_name) {
-        return None; // a model on hold, suspect or quarantined: grpcio's chain admits (or refuses) it
-    }
-    let model_lane = snapshot.lanes.get(&request.model_name).filter(|lane| !lane.stale)?.clone();
-    let version = request.model_version.clone();
-    let lane = if version.is_empty() { model_lane } else { model_lane.versions.get(&version)?.clone() };
+    let model_lane = snapshot.lanes.get(&request.model_name)?.clone();
+    // A version only when it is loaded and its spec published (as on the HTTP front): any other
+    // goes to the Python chain, which fetches its spec or refuses it.
+    let (version, fallback) = snapshot.route(&request.model_name, &request.model_version);
+    let lane = if version.is_empty() { model_lane } else { model_lane.versions.get(version)?.clone() };
+    let version = version.to_owned();
+    let body = if fallback {
+        let mut routed = request.clone();
+        routed.model_version = version.clone();
+        wire::frame(&routed.encode_to_vec())
+    } else {
+        body.clone()
+    };
     let text = |key: &str| headers.get(key).and_then(|v| v.to_str().ok());
     let upstream = shared.settings.upstream_timeout;
     let bound = match wire::timeout(headers) {
@@ -258,7 +299,7 @@ fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Inst
         route: MODEL_INFER_ROUTE,
         model: &request.model_name,
         version: &version,
-        fallback: false,
+        fallback,
         request_id: &request_id,
         body_bytes: body.len(),
         started,
@@ -268,8 +309,9 @@ fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Inst
     Some(Call {
         model: request.model_name.clone(),
         version,
+        fallback,
         lane,
-        body: body.clone(),
+        body,
         request_id,
         trace_id,
         traceparent,
@@ -314,11 +356,16 @@ async fn answer(front: Arc<GrpcFront>, call: Arc<Call>) -> Outcome {
     let shared = &front.shared;
     let _counted = InFlight::new(shared);
     let model = call.model.as_str();
-    let lane = &call.lane;
     shared.injected_panic.strike(model);
-    if !call.version.is_empty() {
-        shared.metrics.routed.inc(&[model, call.version.as_str(), "pinned"]);
-    }
+    lane::routed_to(shared, model, &call.version, call.fallback);
+    // Admission first (ServingCore.infer: route, admit, then the spec it validates against): a call
+    // held for a heal goes on with the lane published after it, its spec fetched anew.
+    let admitting = Admitting { protocol: "grpc", model, version: &call.version };
+    let lane = match lane::admitted_on(shared, admitting, call.lane.stale, &call.span).await {
+        Ok(fresh) => fresh.unwrap_or_else(|| call.lane.clone()),
+        Err(refused) => return Outcome::refused(refused),
+    };
+    let lane = &lane;
     let checked = infer_document(&call.request).and_then(|(body, header_length)| {
         let hidden = |name: &str| lane.is_hidden(name);
         validate_infer_request(&lane.spec, &body, Some(header_length as i64), &hidden).map(|_| ())
@@ -360,7 +407,7 @@ async fn answer(front: Arc<GrpcFront>, call: Arc<Call>) -> Outcome {
         Err(_) => Outcome::refused(lane::upstream_refusal(shared, model, Failure::Timeout)),
         Ok(Err(failure)) => Outcome::refused(lane::upstream_refusal(shared, model, failure)),
         Ok(Ok(answer)) => {
-            let judged = judge(&front, &call, answer);
+            let judged = judge(&front, &call, lane, answer);
             call.span.phase("screening");
             judged
         }
@@ -418,7 +465,7 @@ async fn to_triton(front: &GrpcFront, call: &Call) -> Result<TritonAnswer, Failu
 
 /// Triton's verdict as the Python gRPC front gives it: an error that is the client's to fix passed
 /// on, a failure refused (and signalled), an answer screened.
-fn judge(front: &GrpcFront, call: &Call, answer: TritonAnswer) -> Outcome {
+fn judge(front: &GrpcFront, call: &Call, lane: &Lane, answer: TritonAnswer) -> Outcome {
     let shared = &front.shared;
     let model = call.model.as_str();
     if answer.status != wire::OK {
@@ -453,7 +500,6 @@ fn judge(front: &GrpcFront, call: &Call, answer: TritonAnswer) -> Outcome {
         };
         return Outcome::refused(lane::upstream_refusal(shared, model, failure));
     }
-    let lane = &call.lane;
     if lane.hidden.is_none() && !lane.check_non_finite {
         shared.events.push(Event::Answered { model: model.to_owned(), count: 1 });
         return Outcome::ok(answer.body);

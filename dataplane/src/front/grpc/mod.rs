@@ -2,9 +2,11 @@
 //! the HTTP front's runtime and state.
 //!
 //! hyper's HTTP/2 server (h2c) takes the connections. `ModelInfer` to a model published as a lane
-//! (unversioned, or a version in `lane.versions`) is served here (`infer`): decoded with prost,
-//! checked by the one validation rule, the client's bytes forwarded to Triton's gRPC port over one
-//! HTTP/2 connection, the answer screened, counted as the Python gRPC front counts it. Every other
+//! (unversioned, or a version in `lane.versions`) is served here (`infer`), whatever the model's
+//! health: decoded with prost, admitted by the HTTP front's admission (the fallback version, holds
+//! while suspect or during a heal, quarantine refusals), checked by the one validation rule, the
+//! client's bytes forwarded to Triton's gRPC port over one HTTP/2 connection, the answer screened,
+//! counted as the Python gRPC front counts it. Every other
 //! call is passed through as it is, streaming both ways with its headers and trailers, to the
 //! Python gRPC server listening on a loopback port behind the front (`passthrough`), which answers
 //! it exactly as before; a client that cancels drops the forwarded call, which cancels it there.
