@@ -116,18 +116,26 @@ def compare_output(
     name: str,
     datatype: str,
     shape: tuple[int, ...],
-    values: np.ndarray,
+    values: bytes | list[Any] | tuple[Any, ...] | np.ndarray,
     atol: float,
     rtol: float,
-    got: tuple[str, tuple[int, ...], np.ndarray] | None,
+    got: tuple[str, tuple[int, ...], bytes | list[Any] | tuple[Any, ...] | np.ndarray] | None,
 ) -> list[str]:
-    """Every way output `name` differs from its expectation, as messages (golden::compare)."""
+    """Every way output `name` differs from its expectation, as messages (golden::compare). Values:
+    float64 little-endian bytes (read_answer's), a flat list or tuple, or a numpy array."""
 
 def decode_answer(
     body: bytes, header_length: int | None
 ) -> tuple[str | None, list[tuple[str, str, list[int], list[bytes] | list[str] | tuple[str | None, bytes]]]]:
     """(model_version, [(name, datatype, shape, values)]) of a 200 infer answer (protocol::answers);
     raises AnswerNotV2. Values: a list for BYTES, else (dtype or None for a binary section, data)."""
+
+def read_answer(
+    body: bytes, header_length: int | None
+) -> tuple[str | None, list[tuple[str, str, list[int], bytes | list[bytes] | list[str]]]]:
+    """decode_answer's outputs as the health loop compares them, without numpy: BYTES as a list, any
+    other datatype's values cast to it and read as float64 (little-endian bytes); raises AnswerNotV2,
+    also for a binary section that is not a whole number of its datatype's elements."""
 
 def unknown_health_service(service: str) -> str:
     """grpc.health.v1 Check's NOT_FOUND message for a service that is neither "" nor a guarded model."""

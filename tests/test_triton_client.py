@@ -6,6 +6,9 @@ TritonTimeout for no answer in time)."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +76,40 @@ async def test_no_connection_is_unavailable_and_no_answer_is_a_timeout():
     finally:
         await mute.close()
         server.close()
+
+
+#: Runs in a fresh interpreter (this one imported numpy long ago): the production app on a real
+#: socket, gRPC off, probing every example model's golden cases until each has passed a few rounds.
+_PROBING_SIDECAR = """
+import asyncio, sys, types
+from sidecar.states import ModelState
+from tests.harness import GOLDEN, sidecar_config, start_sidecar, stop_sidecar, wait_for
+
+triton = types.SimpleNamespace(url={url!r}, metrics_url={metrics_url!r}, ports=types.SimpleNamespace(grpc=0))
+models = {models!r}
+
+async def main():
+    running = await start_sidecar(sidecar_config(triton, models=models, golden_dir=GOLDEN))
+    try:
+        def rounds(model):
+            return running.metric("triton_sidecar_probes_total", model=model, probe="golden", result="success") or 0
+        await wait_for(lambda: all(running.state(m) == ModelState.HEALTHY and rounds(m) >= 3 for m in models), 60)
+    finally:
+        await stop_sidecar(running)
+    print(sorted(m for m in sys.modules if m.partition(".")[0] in ("numpy", "grpc", "tritonclient", "ml_dtypes")))
+
+asyncio.run(main())
+"""
+
+
+def test_a_sidecar_probing_golden_cases_imports_no_numpy(triton):
+    """Issue 30's idle footprint: the health loop encodes, reads and compares golden answers through
+    the data plane (numpy alone is ~6 MB of an idle sidecar's RSS), and with gRPC off nothing loads
+    numpy, grpcio or tritonclient."""
+    from tests.conftest import EXAMPLE_MODELS
+
+    code = _PROBING_SIDECAR.format(url=triton.url, metrics_url=triton.metrics_url, models=EXAMPLE_MODELS)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout

@@ -14,8 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from sidecar.cli.arguments import (
     DEFAULT_CALL_TIMEOUT_S,
     EXIT_FAILED,
@@ -40,10 +38,13 @@ from sidecar.golden.cases import (
     dump_golden_case,
     load_golden_file,
 )
+from sidecar.health.infer_body import decode_answer
 from sidecar.health.probe_round import probe_model
 from sidecar.health.triton_client import TritonClient
 from sidecar.protocol.datatypes import FLOAT_DATATYPES
 from sidecar.protocol.triton_errors import TritonError, TritonUnavailable
+
+# numpy is imported inside the functions that use it: a running sidecar (gRPC off) loads none (issue 30).
 
 #: Longest `error_contains` that `record` writes: enough to identify the rejection, short enough to
 #: survive rewording of the rest of Triton's message (and its 300-character cut in TritonClient).
@@ -186,7 +187,8 @@ async def record_case(
 
     Raises RecordRefused when the answer must not be pinned, or when Triton does not answer.
     """
-    triton = TritonClient(triton_url, timeout_s=timeout_s)
+    # The answer's outputs as numpy arrays of their datatypes: they are written out as they came.
+    triton = TritonClient(triton_url, timeout_s=timeout_s, read_outputs=decode_answer)
     try:
         try:
             ready = await triton.model_ready(model, version, timeout_s=timeout_s)
@@ -296,6 +298,8 @@ async def _prove_it_passes(triton: TritonClient, model: str, case_name: str, gol
 
 def _expected_outputs(received: Mapping[str, ReceivedOutput], *, atol: float, rtol: float,
                       allow_non_finite: bool) -> dict[str, Any]:
+    import numpy as np
+
     if not received:
         raise RecordRefused("the answer holds no outputs: nothing to compare against later")
     outputs: dict[str, Any] = {}
@@ -326,6 +330,8 @@ def _expected_outputs(received: Mapping[str, ReceivedOutput], *, atol: float, rt
 def _float_for_json(value: Any, datatype: str, atol: float, rtol: float) -> float | str:
     """The shortest decimal that reads back as the same FP16/FP32 value (0.4344863, not
     0.4344862699508667), unless the tolerances are too tight for it to still compare equal."""
+    import numpy as np
+
     exact = float(value)
     if not math.isfinite(exact):
         return "NaN" if math.isnan(exact) else "Infinity" if exact > 0 else "-Infinity"

@@ -20,8 +20,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from sidecar.cli.arguments import (
     DEFAULT_CALL_TIMEOUT_S,
     EXIT_FAILED,
@@ -33,6 +31,8 @@ from sidecar.cli.arguments import (
 from sidecar.config import ConfigError, SidecarConfig, load_config
 from sidecar.protocol.answers import answer_tensors
 from sidecar.serving.drift import DEFAULT_BINS, ReferenceFileError, parse_reference, reference_from_values
+
+# numpy is imported inside the functions that use it: a running sidecar (gRPC off) loads none (issue 30).
 
 #: Rows below which a reference is refused: with 10 bins, fewer than ~50 rows per bin make the
 #: reference's own proportions noisy enough to show up as drift (docs/drift.md).
@@ -130,6 +130,8 @@ def _cmd_record_reference(args: argparse.Namespace) -> int:
 def record_from_file(config: SidecarConfig, model: str, version: str, source: Path, *, bins: int,
                      sentinels: Any, timeout_s: float) -> dict[str, Any]:
     """Send every request of `source` to Triton; the reference of the requests and their answers."""
+    import numpy as np
+
     try:
         lines = [line for line in source.read_text().splitlines() if line.strip()]
     except OSError as e:

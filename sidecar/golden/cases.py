@@ -29,17 +29,20 @@ import json
 import math
 import os
 import re
+import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
-import numpy as np
 import yaml
 
 from sidecar.messages import json_path, short_message
-from sidecar.protocol.datatypes import FLOAT_DATATYPES, NUMPY_DTYPES
+from sidecar.protocol.datatypes import DATATYPES, FLOAT_DATATYPES, numpy_dtypes
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Default tolerances: float32 answers written out as JSON decimals round-trip within these.
 DEFAULT_ATOL = 1e-5
@@ -73,7 +76,7 @@ class GoldenFileError(ValueError):
 _SHAPE = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 
 
-_DATATYPE = {"enum": sorted(NUMPY_DTYPES)}
+_DATATYPE = {"enum": sorted(DATATYPES)}
 
 
 INFER = "infer"
@@ -184,17 +187,40 @@ _VALIDATOR = jsonschema.Draft202012Validator(GOLDEN_SCHEMA)
 class ExpectedOutput:
     datatype: str
     shape: tuple[int, ...]
-    #: Flat expected values: float64 for numbers (NaN/Inf allowed), object for BYTES.
-    data: np.ndarray
+    #: Flat expected values as sidecar._dataplane.compare_output reads them: from a golden file,
+    #: float64 little-endian bytes for numbers (NaN/Inf allowed) and a tuple of str for BYTES; a
+    #: numpy array when rollouts compare one version's answer with another's.
+    values: Any
     atol: float = DEFAULT_ATOL
     rtol: float = DEFAULT_RTOL
+
+    @property
+    def data(self) -> np.ndarray:
+        """The values as a flat numpy array (float64, or object for BYTES), made when asked for: the
+        health loop never asks, so a running sidecar does not import numpy for its golden cases."""
+        import numpy as np
+
+        if isinstance(self.values, bytes):
+            return np.frombuffer(self.values, dtype="<f8")
+        return np.asarray(self.values, dtype=np.object_ if self.datatype == "BYTES" else np.float64)
+
+    def floats(self) -> tuple[float, ...]:
+        """A numeric output's expected values as floats (() for BYTES)."""
+        if isinstance(self.values, bytes):
+            return tuple(v for (v,) in struct.iter_unpack("<d", self.values))
+        if self.datatype == "BYTES":
+            return ()
+        return tuple(float(v) for v in self.data)
 
 
 @dataclass(frozen=True)
 class ReceivedOutput:
     datatype: str
     shape: tuple[int, ...]
-    data: np.ndarray
+    #: The values, flat or shaped: in the health loop as sidecar._dataplane.read_answer hands them
+    #: (float64 little-endian bytes for numbers, a list of bytes or str for BYTES); a numpy array of
+    #: the datatype's dtype from sidecar.health.infer_body.decode_answer (the record command, tests).
+    data: Any
 
 
 @dataclass(frozen=True)
@@ -259,10 +285,8 @@ class GoldenCase:
     @property
     def allows_non_finite(self) -> bool:
         """True when some expected output holds NaN or Inf on purpose."""
-        return any(
-            o.datatype in FLOAT_DATATYPES and not np.all(np.isfinite(o.data.astype(np.float64)))
-            for o in self.outputs.values()
-        )
+        return any(o.datatype in FLOAT_DATATYPES and not all(map(math.isfinite, o.floats()))
+                   for o in self.outputs.values())
 
 
 def load_golden_dir(golden_dir: Path, models: Iterable[str] | None = None) -> dict[str, tuple[GoldenCase, ...]]:
@@ -366,7 +390,7 @@ def load_golden_file(path: Path, *, model: str) -> GoldenCase:
         outputs[name] = ExpectedOutput(
             datatype=spec["datatype"],
             shape=tuple(spec["shape"]),
-            data=_expected_array(path, where, spec),
+            values=_expected_values(path, where, spec),
             atol=float(spec.get("atol", DEFAULT_ATOL)),
             rtol=float(spec.get("rtol", DEFAULT_RTOL)),
         )
@@ -457,16 +481,18 @@ def flat_length(data: Any) -> int:
     return 1
 
 
-def _flatten(data: Any) -> list[Any]:
+def flatten(data: Any) -> list[Any]:
+    """The scalars of a (possibly nested) JSON `data` list, in C order."""
     if isinstance(data, list):
-        return [x for d in data for x in _flatten(d)]
+        return [x for d in data for x in flatten(d)]
     return [data]
 
 
-def _expected_array(path: Path, where: str, spec: Mapping[str, Any]) -> np.ndarray:
-    flat = _flatten(spec["data"])
+def _expected_values(path: Path, where: str, spec: Mapping[str, Any]) -> bytes | tuple[Any, ...]:
+    """ExpectedOutput.values of a golden file's output: a tuple for BYTES, else float64 bytes."""
+    flat = flatten(spec["data"])
     if spec["datatype"] == "BYTES":
-        return np.array(flat, dtype=np.object_)
+        return tuple(flat)
     values = []
     for i, value in enumerate(flat):
         if isinstance(value, str) and value in _NON_FINITE_WORDS:
@@ -477,19 +503,22 @@ def _expected_array(path: Path, where: str, spec: Mapping[str, Any]) -> np.ndarr
                 continue
             raise GoldenFileError(f"{path}: at {where}.data[{i}]: expected a number, got {value!r}")
         values.append(float(value))
-    return np.array(values, dtype=np.float64)
+    return struct.pack(f"<{len(values)}d", *values)
 
 
 def request_as_arrays(case: GoldenCase) -> list[tuple[str, str, np.ndarray]]:
-    """(name, datatype, array shaped as declared) for each input of the case's request."""
+    """(name, datatype, array shaped as declared) for each input of the case's request (numpy: the
+    health loop encodes requests without it, sidecar.health.infer_body)."""
+    import numpy as np
+
     tensors = []
     for tensor in case.request["inputs"]:
         datatype = tensor["datatype"]
-        flat = _flatten(tensor["data"])
+        flat = flatten(tensor["data"])
         if datatype == "BYTES":
             array = np.array([v.encode() if isinstance(v, str) else v for v in flat], dtype=np.object_)
         else:
-            array = np.array(flat, dtype=NUMPY_DTYPES[datatype])
+            array = np.array(flat, dtype=numpy_dtypes()[datatype])
         tensors.append((tensor["name"], datatype, array.reshape(tensor["shape"])))
     return tensors
 

@@ -36,6 +36,6 @@ def compare_output(name: str, expected: ExpectedOutput, got: ReceivedOutput | No
     """Every way one output differs from its expectation (also used to compare two versions' live
     answers, sidecar.serving.rollouts); empty means it matches."""
     answer = None if got is None else (got.datatype, tuple(got.shape), got.data)
-    messages = _dataplane.compare_output(name, expected.datatype, expected.shape, expected.data, expected.atol,
+    messages = _dataplane.compare_output(name, expected.datatype, expected.shape, expected.values, expected.atol,
                                          expected.rtol, answer)
     return [Mismatch(name, message) for message in messages]

@@ -9,18 +9,25 @@ dtype table is still tritonclient's (`tritonclient.utils`, no gevent) and the an
 the data plane's rule (sidecar.protocol.answers), tested against tritonclient's parser, so a probe
 sees the same arrays as before: JSON nulls read as NaN, binary outputs (Triton answers all outputs in
 binary when the case names none) decoded by datatype, BYTES as an object array.
+
+The health loop itself uses neither numpy nor arrays (issue 30: numpy is several MB of every idle
+sidecar's RSS): `encode_request` casts each value to its datatype as numpy would (struct's float32
+and float16 packing round as numpy's casts do; integers out of range wrap as numpy's do),
+and `read_answer` hands the data plane's float64 reading of an answer to its comparison. The arrays
+(`decode_answer`, `sidecar.golden.cases.request_as_arrays`) are for the record command and tests.
 """
 
 from __future__ import annotations
 
+import math
+import struct
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
 import rapidjson
 
-from sidecar.golden.cases import GoldenCase, ReceivedOutput, request_as_arrays
-from sidecar.protocol.answers import decode_outputs
-from sidecar.protocol.datatypes import numpy_dtype, v2_datatype
+from sidecar import _dataplane
+from sidecar.golden.cases import GoldenCase, ReceivedOutput, flatten
 
 #: Request parameters Triton keeps for itself (tritonclient.utils' list, server/src/common.h).
 RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers",
@@ -41,8 +48,7 @@ def encode_request(case: GoldenCase) -> bytes:
     """The case's request as one JSON body (every tensor in JSON, none binary); raises
     EncodeRefused where tritonclient would raise its InferenceServerException (a datatype the array does not
     have, BF16 or non-UTF-8 BYTES in JSON, a reserved request parameter)."""
-    request: dict[str, Any] = {"inputs": [_input(name, datatype, array)
-                                          for name, datatype, array in request_as_arrays(case)]}
+    request: dict[str, Any] = {"inputs": [_input(tensor) for tensor in case.request["inputs"]]}
     parameters: dict[str, Any] = {}
     outputs = case.request.get("outputs", [])
     if outputs:
@@ -58,26 +64,65 @@ def encode_request(case: GoldenCase) -> bytes:
     return rapidjson.dumps(request).encode()  # tritonclient's encoder too: same bytes
 
 
-def _input(name: str, datatype: str, array: np.ndarray) -> dict[str, Any]:
-    got = v2_datatype(array.dtype)
-    if got != datatype:
-        raise_error(f"got unexpected datatype {got} from numpy array, expected {datatype}.")
+def _input(tensor: Mapping[str, Any]) -> dict[str, Any]:
+    datatype = tensor["datatype"]
     if datatype == "BF16":
         raise_error("BF16 inputs must be sent as binary data over HTTP. Please set binary_data=True")
+    flat = flatten(tensor["data"])
     if datatype != "BYTES":
-        data: list[Any] = [value.item() for value in array.flatten()]
+        cast = _CASTS.get(datatype)
+        if cast is None:
+            raise_error(f"got unexpected datatype None from numpy array, expected {datatype}.")
+        data: list[Any] = [cast(value) for value in flat]
     else:
         data = []
-        for value in array.flatten():  # C order, as tritonclient's np.nditer
-            if isinstance(value, bytes):
-                try:
-                    data.append(str(value, encoding="utf-8"))
-                except UnicodeDecodeError:
-                    raise_error(f'Failed to encode "{value!r}" using UTF-8. Please use binary_data=True, if'
-                                " you want to pass a byte array.")
+        for value in flat:
+            if isinstance(value, str):
+                value.encode()  # a lone surrogate fails here, as numpy's array of encoded texts did
+                data.append(value)
             else:
                 data.append(str(value))
-    return {"name": name, "shape": list(array.shape), "datatype": datatype, "data": data}
+    return {"name": tensor["name"], "shape": [int(d) for d in tensor["shape"]], "datatype": datatype, "data": data}
+
+
+def _float64(value: Any) -> float:
+    """numpy's float64 of a JSON value (null is NaN, a text is parsed)."""
+    return math.nan if value is None else float(value)
+
+
+def _rounded(fmt: str) -> Callable[[Any], float]:
+    """A value rounded to float32 ("<f") or float16 ("<e") and read back, as numpy's cast and
+    `.item()` give it: to nearest, ties to even; beyond the type's range, infinity."""
+
+    def cast(value: Any) -> float:
+        wide = _float64(value)
+        try:
+            return struct.unpack(fmt, struct.pack(fmt, wide))[0]
+        except OverflowError:
+            return math.copysign(math.inf, wide)
+
+    return cast
+
+
+def _integer(bits: int, signed: bool) -> Callable[[Any], int]:
+    """A value as numpy's integer type of `bits` bits gives it back: a float truncated toward zero, a
+    value out of range wrapped (two's complement, as numpy 1.x casts it)."""
+    span, half = 1 << bits, 1 << (bits - 1)
+
+    def cast(value: Any) -> int:
+        number = int(value) % span
+        return number - span if signed and number >= half else number
+
+    return cast
+
+
+#: Each numeric datatype's cast of a golden request's values (what tritonclient's body holds after
+#: numpy's `np.array(data, dtype)` and `.item()`).
+_CASTS: dict[str, Callable[[Any], Any]] = {
+    "BOOL": bool, "FP64": _float64, "FP32": _rounded("<f"), "FP16": _rounded("<e"),
+    **{f"INT{b}": _integer(b, True) for b in (8, 16, 32, 64)},
+    **{f"UINT{b}": _integer(b, False) for b in (8, 16, 32, 64)},
+}
 
 
 def decode_answer(body: bytes, header_length: int | None) -> dict[str, ReceivedOutput]:
@@ -85,6 +130,18 @@ def decode_answer(body: bytes, header_length: int | None) -> dict[str, ReceivedO
     sections), as tritonclient's `as_numpy` reads it. Raises ValueError for an answer that is not v2
     (the caller's 502), as tritonclient's parser did; the decoding is the data plane's
     (sidecar.protocol.answers)."""
+    from sidecar.protocol.answers import decode_outputs
+    from sidecar.protocol.datatypes import numpy_dtype
+
     _, outputs = decode_outputs(body, header_length, numpy_dtype)
     return {name: ReceivedOutput(datatype=datatype, shape=shape, data=values.reshape(shape))
+            for name, datatype, shape, values in outputs}
+
+
+def read_answer(body: bytes, header_length: int | None) -> dict[str, ReceivedOutput]:
+    """Every output of a 200 answer as the health loop compares it, without numpy: the data plane's
+    reading (sidecar._dataplane.read_answer: float64 bytes, or a list for BYTES), for
+    sidecar.golden.compare. Raises ValueError for an answer that is not v2, as decode_answer does."""
+    _, outputs = _dataplane.read_answer(body, header_length)
+    return {name: ReceivedOutput(datatype=datatype, shape=tuple(shape), data=values)
             for name, datatype, shape, values in outputs}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -61,6 +62,10 @@ class Prober:
         self._metrics = metrics
         self._late = LateAnswers(interval_s=settings.interval_s, on_final=on_late_verdict, clock=clock)
         self.records: dict[str, ProbeRecord] = {}
+        #: Each probe's counter and duration series, looked up once: prometheus_client's `labels()`
+        #: checks its arguments and takes a lock on every call, a dozen times a round (issue 30's
+        #: idle CPU). These families are never pruned (SidecarMetrics.forget_model keeps counters).
+        self._series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     def reconfigure(self, settings: ProbesSection) -> None:
         """Settings from a reloaded config: used from each model's next round on."""
@@ -84,9 +89,19 @@ class Prober:
             log.warning("probe_metadata_incomplete", model=model, notes=list(result.notes))
         for probe in result.results:
             record.last_by_probe[probe.probe if not probe.case else f"{GOLDEN}:{probe.case}"] = probe
-            self._metrics.probes.labels(model=model, probe=probe.probe, result=probe.result).inc()
-            self._metrics.probe_duration.labels(model=model, probe=probe.probe).observe(probe.duration_s)
+            counted, timed = self._series_of(model, probe.probe, probe.result)
+            counted.inc()
+            timed.observe(probe.duration_s)
         return result
+
+    def _series_of(self, model: str, probe: str, result: str) -> tuple[Any, Any]:
+        key = (model, probe, result)
+        series = self._series.get(key)
+        if series is None:
+            series = (self._metrics.probes.labels(model=model, probe=probe, result=result),
+                      self._metrics.probe_duration.labels(model=model, probe=probe))
+            self._series[key] = series
+        return series
 
     async def verify_round(self, model: str) -> RoundResult:
         """The healer's proof after a reload: a request still open on the replaced instance says

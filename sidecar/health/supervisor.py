@@ -48,7 +48,7 @@ from sidecar.health.triton_client import TritonClient
 from sidecar.metrics import SidecarMetrics
 from sidecar.protocol.triton_errors import StubUnhealthy, TritonError, TritonUnavailable
 from sidecar.states import ModelHealth, ModelState, ModelStates
-from sidecar.tracing.spans import NO_SPANS, HealthSpans
+from sidecar.tracing.spans import NO_SPAN, NO_SPANS, HealthSpans
 
 log = structlog.get_logger("sidecar.probes")
 
@@ -263,11 +263,12 @@ class ModelSupervisor:
             self._round_begins(cause)
             with self._spans.probe_round(self.model, cause) as span:
                 result = await self._prober.run_round(self.model)
-                span.set(round_attributes(result))
-                for name, attributes in probe_events(result):
-                    span.event(name, attributes)
-                if not result.ok:
-                    span.failed(result.cause)
+                if span is not NO_SPAN:  # tracing off: no attributes built only to be dropped
+                    span.set(round_attributes(result))
+                    for name, attributes in probe_events(result):
+                        span.event(name, attributes)
+                    if not result.ok:
+                        span.failed(result.cause)
                 self.apply_round(result)
         if self._health().state is not ModelState.UNHEALTHY or not self._healer.allowed:
             return None

@@ -29,7 +29,7 @@ from urllib.parse import quote
 import aiohttp
 
 from sidecar.golden.cases import GENERATE_STREAM, GoldenCase, ReceivedOutput
-from sidecar.health.infer_body import EncodeRefused, decode_answer, encode_request
+from sidecar.health.infer_body import EncodeRefused, encode_request, read_answer
 from sidecar.messages import cut
 from sidecar.protocol.sse import EventSplitter, text_of
 from sidecar.protocol.triton_errors import (
@@ -90,12 +90,16 @@ class TritonClient:
         repository_headers: Mapping[str, str] | None = None,
         max_call_s: float = 600.0,
         trace_headers: Callable[[], tuple[tuple[str, str], ...]] = tuple,
+        read_outputs: Callable[[bytes, int | None], Mapping[str, ReceivedOutput]] = read_answer,
     ) -> None:
         self.url = url.rstrip("/")
         #: The current span's traceparent (and tracestate) when tracing samples it (HealthSpans.
         #: current_trace): sent with every golden request, so Triton's spans nest under the probe
         #: round or heal step that asked. () with tracing off.
         self._trace_headers = trace_headers
+        #: How a 200 answer's outputs are read: as the health loop compares them (no numpy), or as
+        #: numpy arrays for the record command (infer_body.decode_answer), which writes them out.
+        self._read_outputs = read_outputs
         self.timeout_s = timeout_s
         #: Every call is bounded by its own timeout (`_call`); this bounds the session itself, so
         #: that no call can outlive the longest one the settings allow (a load).
@@ -205,7 +209,7 @@ class TritonClient:
                 return InferOutcome(status=response.status, error=error.message)
             length = response.headers.get("inference-header-content-length")
             try:
-                outputs = decode_answer(raw, int(length) if length is not None else None)
+                outputs = self._read_outputs(raw, int(length) if length is not None else None)
             except (ValueError, KeyError, TypeError) as e:
                 raise TritonError(502, _cut(f"an answer that is not v2 JSON: {e}")) from e
             return InferOutcome(status=200, outputs=outputs)

@@ -9,11 +9,13 @@ arrays of what it hands back.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from sidecar import _dataplane
+
+# numpy only where a function needs it (imported there): an idle sidecar never loads it (issue 30).
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Little-endian numpy dtypes of the fixed-size numeric datatypes (Triton's binary extension).
 BINARY_DTYPES = {"UINT8": "<u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8", "INT8": "<i1", "INT16": "<i2",
@@ -39,6 +41,8 @@ def decode_outputs(body: bytes, header_length: int | None, dtype_of: DtypeOf) ->
 
 
 def _array(values: Any, dtype: Any) -> np.ndarray:
+    import numpy as np
+
     if isinstance(values, list):  # BYTES: bytes from a binary section, str from JSON
         return np.array(values, dtype=np.object_)
     read_as, data = values

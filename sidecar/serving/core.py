@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-import numpy as np
 import structlog
 
 from sidecar.config import SidecarConfig
@@ -45,6 +44,8 @@ from sidecar.serving.validation import CheckedRequest, Limits, ModelSpec
 from sidecar.states import ModelStates
 from sidecar.tracing.spans import RequestSpans
 
+# numpy is imported inside the functions that use it: a running sidecar (gRPC off) loads none (issue 30).
+
 AnswerT = TypeVar("AnswerT")
 PairT = TypeVar("PairT")
 
@@ -66,6 +67,8 @@ def _pair_differences(mine: PairT | None, theirs: PairT | None, served: str, tar
 
 def _non_finite(tensors: Sequence[Tensor]) -> bool:
     """Does a decoded answer hold NaN/Inf in a float output?"""
+    import numpy as np
+
     return any(t[1].startswith("FP") and not np.isfinite(tensor_values(t)[3]).all() for t in tensors)
 
 

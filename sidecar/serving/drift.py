@@ -32,15 +32,18 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from sidecar.config import DriftSection
 from sidecar.protocol.answers import BINARY_DTYPES
 from sidecar.protocol.datatypes import FLOAT_DATATYPES
+
+# numpy only where a function needs it (imported there): an idle sidecar never loads it (issue 30).
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Reference file format this code writes and reads.
 REFERENCE_FORMAT = 1
@@ -97,6 +100,8 @@ class TensorReference:
     @property
     def expected(self) -> np.ndarray:
         """(features, bins) reference proportions per feature, floored for PSI."""
+        import numpy as np
+
         totals = self.counts.sum(axis=1, keepdims=True)
         return np.maximum(self.counts / np.maximum(totals, 1), PSI_FLOOR)
 
@@ -117,6 +122,8 @@ def reference_from_values(model: str, version: str, inputs: Mapping[str, tuple[s
                           sentinels: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
     """The reference document of recorded rows. `inputs`/`outputs`: name -> (datatype, (rows, features)
     array); `sentinels`: input name -> values that mean "missing"."""
+    import numpy as np
+
     sentinels = sentinels or {}
     rows = {name: len(values) for name, (_, values) in {**inputs, **outputs}.items()}
     if len(set(rows.values())) > 1:
@@ -135,6 +142,8 @@ def reference_from_values(model: str, version: str, inputs: Mapping[str, tuple[s
 
 
 def _tensor_reference_doc(datatype: str, values: np.ndarray, bins: int, sentinels: Sequence[float]) -> dict[str, Any]:
+    import numpy as np
+
     values = values.reshape(len(values), -1)
     edges, counts, missing = [], [], []
     for column in values.T:
@@ -191,6 +200,8 @@ def parse_reference(doc: Any, path: Path) -> Reference:
 
 
 def _parse_tensor(name: str, doc: Any, key: str, fail: Callable[[str, str], ReferenceFileError]) -> TensorReference:
+    import numpy as np
+
     if not isinstance(doc, dict):
         raise fail(key, "must be an object with datatype, features, edges, counts, missing")
     datatype = doc.get("datatype")
@@ -270,6 +281,8 @@ class TensorWindow:
     """The last `window` rows of one tensor, as a (feature, bin + missing) count table."""
 
     def __init__(self, reference: TensorReference, window: int, sentinels: Sequence[float], count_nan: bool) -> None:
+        import numpy as np
+
         self.reference = reference
         self.window = window
         features, bins = reference.features, reference.bins
@@ -306,6 +319,8 @@ class TensorWindow:
             self._add_row(row)
 
     def _add_row(self, row: np.ndarray) -> None:
+        import numpy as np
+
         if self._scalar_edges is not None:
             cells: Any = self._scalar_cell(float(row[0]))
         else:
@@ -335,6 +350,8 @@ class TensorWindow:
 
     def table(self) -> np.ndarray:
         """(features, bins + 1) counts in the window; the last column counts missing values."""
+        import numpy as np
+
         if self._counted is None or self._counted[0] != self._added:
             cells = self.reference.features * (self.reference.bins + 1)
             table = np.bincount(self._ring[: self.rows].ravel(), minlength=cells)
@@ -343,6 +360,8 @@ class TensorWindow:
 
     def psi(self) -> np.ndarray:
         """(features,) population stability index of the window against the reference."""
+        import numpy as np
+
         counts = self.table()[:, :-1]
         actual = np.maximum(counts / np.maximum(counts.sum(axis=1, keepdims=True), 1), PSI_FLOOR)
         expected = self.reference.expected
@@ -544,6 +563,8 @@ class DriftMonitor:
 
 def _rows(datatype: str, values: Any, features: int) -> np.ndarray | None:
     """A tensor's values as (rows, features), or None when they do not fit the reference."""
+    import numpy as np
+
     if not isinstance(values, np.ndarray):
         dtype = BINARY_DTYPES.get(datatype)
         if dtype is None:
@@ -555,6 +576,8 @@ def _rows(datatype: str, values: Any, features: int) -> np.ndarray | None:
 
 
 def _reading(window: ModelWindow, max_features: int) -> DriftReading:
+    import numpy as np
+
     tensors = []
     max_psi, worst = 0.0, ("", "")
     for name, tw in window.tensors():
@@ -579,6 +602,8 @@ class _DriftCollector(Collector):
         self.monitor = monitor
 
     def collect(self) -> Iterator[Any]:
+        import numpy as np
+
         psi = GaugeMetricFamily("triton_sidecar_drift_psi", "Population stability index of the sliding window "
                                 "against the model's reference, per tensor and feature (the most drifted "
                                 "drift.max_features per tensor). 0.1-0.25: a shift worth a look; above 0.25: "
@@ -617,6 +642,8 @@ class _DriftCollector(Collector):
 def _le(edge: float) -> str:
     # Bins count v >= edge in the next bin, Prometheus' `le` is v <= bound: the bound just below the
     # edge keeps the two in step for real-valued data.
+    import numpy as np
+
     return repr(float(np.nextafter(edge, -np.inf)))
 
 
@@ -629,6 +656,7 @@ class LiveRecorder:
     records (never logged)."""
 
     def __init__(self, model: str, rows: int, version: str = "") -> None:
+
         self.model = model
         self.rows = rows
         #: "" records every version's answers; else only this version's (a `<model>@<version>.json`
@@ -641,6 +669,8 @@ class LiveRecorder:
         self.on_done: Callable[[], None] = lambda: None
 
     def add(self, version: str, inputs: Iterable[Tensor], outputs: Iterable[Tensor], batched: bool) -> None:
+        import numpy as np
+
         if self.done or (self.version and version != self.version):
             return
         count = 0
@@ -661,7 +691,10 @@ class LiveRecorder:
 
     def reference(self, *, bins: int, sentinels: Mapping[str, Sequence[float]]) -> dict[str, Any]:
         """The reference document of what was recorded."""
+        import numpy as np
+
         def stacked(store: dict[str, tuple[str, list[np.ndarray]]]) -> dict[str, tuple[str, np.ndarray]]:
+
             return {name: (datatype, np.concatenate(parts)[: self.rows]) for name, (datatype, parts) in store.items()}
 
         return reference_from_values(self.model, self.version, stacked(self.inputs), stacked(self.outputs),

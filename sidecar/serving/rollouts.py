@@ -35,9 +35,8 @@ import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import structlog
 
 from sidecar.config import RolloutSettings
@@ -46,6 +45,10 @@ from sidecar.golden.compare import Mismatch, compare_output
 from sidecar.metrics import SidecarMetrics
 from sidecar.protocol.answers import BINARY_DTYPES, AnswerTensor
 from sidecar.states import ModelState, ModelStates, Transition
+
+# numpy only where a function needs it (imported there): an idle sidecar never loads it (issue 30).
+if TYPE_CHECKING:
+    import numpy as np
 
 log = structlog.get_logger("sidecar.rollouts")
 
@@ -114,6 +117,8 @@ class StageEvidence:
         return self.candidate_errors / self.candidate_answers if self.candidate_answers else 0.0
 
     def p99(self, version: str) -> float | None:
+        import numpy as np
+
         samples = self.latencies.get(version)
         if not samples or len(samples) < MIN_P99_SAMPLES:
             return None
@@ -438,6 +443,8 @@ def _same_but_decision(old: RolloutSettings, new: RolloutSettings) -> bool:
 
 def tensor_values(tensor: AnswerTensor) -> tuple[str, str, tuple[int, ...], np.ndarray]:
     """(name, datatype, shape, flat float64 values) of an answer tensor (binary data or decoded JSON)."""
+    import numpy as np
+
     name, datatype, shape, values = tensor
     if isinstance(values, np.ndarray):
         array = values.astype(np.float64, copy=False).reshape(-1)

@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import rapidjson
 
 from sidecar._dataplane import CheckedBody, RequestRefused, RequestSpec
@@ -30,6 +29,8 @@ from sidecar.config import ValidationSection
 from sidecar.messages import echo
 from sidecar.serving.refusals import Reason, Refusal
 from sidecar.serving.request_rules import RequestRules
+
+# numpy is imported inside the functions that use it: a running sidecar (gRPC off) loads none (issue 30).
 
 MALFORMED = Reason.MALFORMED
 BUSINESS_RULE = Reason.BUSINESS_RULE
@@ -183,6 +184,8 @@ class CheckedRequest:
         return self._inputs
 
     def _decode(self) -> list[tuple[str, str, tuple[int, ...], Any]]:
+        import numpy as np
+
         assert self.native is not None
         body = memoryview(self.body)
         decoded = []

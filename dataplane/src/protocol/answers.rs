@@ -10,6 +10,7 @@
 
 use std::fmt;
 
+use crate::protocol::datatypes::{self, JsonNumber};
 use crate::protocol::json::{self, Number, Value};
 
 /// One decoded answer.
@@ -183,6 +184,32 @@ fn as_f64(n: Number) -> f64 {
     }
 }
 
+/// A numeric output's values as float64, flat, as the health loop compares them
+/// (golden::compare): a binary section read in the datatype's layout, JSON numbers cast to the
+/// datatype first (protocol::datatypes::json_as_f64), as numpy's arrays of them read. NotV2 for a
+/// binary section that is not a whole number of the datatype's elements.
+pub fn numbers_as_f64(datatype: &str, values: &Values, body: &[u8]) -> Result<Vec<f64>, NotV2> {
+    match values {
+        Values::Binary { start, end } => datatypes::binary_as_f64(datatype, &body[*start..*end]).ok_or_else(|| {
+            not_v2(format!("a binary section of {} bytes is not a whole number of {datatype} elements", end - start))
+        }),
+        Values::Numbers { dtype, bytes } => Ok(bytes
+            .chunks_exact(8)
+            .map(|chunk| {
+                let mut le = [0u8; 8];
+                le.copy_from_slice(chunk);
+                let number = match *dtype {
+                    "<i8" => JsonNumber::Int(i64::from_le_bytes(le)),
+                    "<u8" => JsonNumber::UInt(u64::from_le_bytes(le)),
+                    _ => JsonNumber::Float(f64::from_le_bytes(le)),
+                };
+                datatypes::json_as_f64(datatype, number)
+            })
+            .collect()),
+        Values::Texts(_) => Err(not_v2(format!("a {datatype} output holds texts"))),
+    }
+}
+
 /// The elements of a binary BYTES section: each a 4-byte little-endian length, then its bytes.
 pub fn bytes_elements(section: &[u8]) -> Result<Vec<&[u8]>, NotV2> {
     let mut elements = Vec::new();
@@ -207,6 +234,29 @@ mod tests {
 
     fn f64s(values: &[f64]) -> Vec<u8> {
         values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn numbers_read_as_float64_the_way_they_are_compared() {
+        let floats: Vec<u8> = [1.5f32, 0.1].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let header = br#"{"outputs":[{"name":"f","datatype":"FP32","shape":[2],"parameters":{"binary_data_size":8}},
+            {"name":"j","datatype":"FP32","shape":[2],"data":[0.1,null]},
+            {"name":"i","datatype":"INT8","shape":[1],"data":[-3]},
+            {"name":"odd","datatype":"FP32","shape":[1],"parameters":{"binary_data_size":0}}]}"#;
+        let body = [&header[..], &floats].concat();
+        let answer = decode(&body, Some(header.len() as i64)).unwrap();
+        let read = |i: usize| numbers_as_f64(&answer.outputs[i].datatype, &answer.outputs[i].values, &body);
+        assert_eq!(read(0).unwrap(), [1.5, f64::from(0.1f32)]);
+        let json = read(1).unwrap();
+        assert_eq!(json[0], f64::from(0.1f32), "a JSON FP32 number as float32 holds it");
+        assert!(json[1].is_nan(), "null reads as NaN");
+        assert_eq!(read(2).unwrap(), [-3.0]);
+        assert_eq!(read(3).unwrap(), Vec::<f64>::new());
+        let short = br#"{"outputs":[{"name":"f","datatype":"FP32","shape":[1],"parameters":{"binary_data_size":3}}]}"#;
+        let body = [&short[..], &[0, 0, 0]].concat();
+        let answer = decode(&body, Some(short.len() as i64)).unwrap();
+        let error = numbers_as_f64("FP32", &answer.outputs[0].values, &body).unwrap_err();
+        assert_eq!(error.0, "a binary section of 3 bytes is not a whole number of FP32 elements");
     }
 
     #[test]

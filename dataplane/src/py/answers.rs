@@ -38,6 +38,34 @@ fn decode_answer<'py>(py: Python<'py>, body: &[u8], header_length: Option<i64>) 
     Ok((answer.model_version, outputs))
 }
 
+/// Decode a 200 infer answer as the health loop compares it (golden::compare), without numpy:
+/// (model_version or None, [(name, datatype, shape, values)]) with each output's values flat, for
+/// BYTES a list of bytes (binary) or of str (JSON), else the float64 values as little-endian bytes
+/// (protocol::answers::numbers_as_f64). Raises AnswerNotV2.
+#[pyfunction]
+#[pyo3(signature = (body, header_length))]
+fn read_answer<'py>(py: Python<'py>, body: &[u8], header_length: Option<i64>) -> PyResult<DecodedTuple<'py>> {
+    let answer = answers::decode(body, header_length).map_err(|e| AnswerNotV2::new_err(e.0))?;
+    let mut outputs = Vec::with_capacity(answer.outputs.len());
+    for output in answer.outputs {
+        let values = match output.values {
+            Values::Binary { start, end } if output.datatype == "BYTES" => {
+                let elements = answers::bytes_elements(&body[start..end]).map_err(|e| AnswerNotV2::new_err(e.0))?;
+                PyList::new(py, elements.into_iter().map(|e| PyBytes::new(py, e)))?.into_any()
+            }
+            Values::Texts(texts) => PyList::new(py, texts)?.into_any(),
+            numbers => {
+                let floats = answers::numbers_as_f64(&output.datatype, &numbers, body)
+                    .map_err(|e| AnswerNotV2::new_err(format!("output {}: {}", output.name, e.0)))?;
+                PyBytes::new(py, &floats.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>()).into_any()
+            }
+        };
+        outputs.push((output.name, output.datatype, output.shape, values));
+    }
+    Ok((answer.model_version, outputs))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(decode_answer, m)?)
+    m.add_function(wrap_pyfunction!(decode_answer, m)?)?;
+    m.add_function(wrap_pyfunction!(read_answer, m)?)
 }

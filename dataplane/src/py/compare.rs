@@ -4,7 +4,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
 use crate::golden::compare::{self, Element, Elements, Expected};
 
@@ -12,8 +12,8 @@ use crate::golden::compare::{self, Element, Elements, Expected};
 type ReceivedTuple<'py> = (String, Vec<i64>, Bound<'py, PyAny>);
 
 /// Every way one output differs from its expectation, as messages (empty: it matches). `values` and
-/// the received values are numpy arrays (any shape, read flat in C order): numbers for a numeric
-/// datatype, objects (str or bytes) for BYTES. Raises ValueError when the values disagree with their
+/// the received values are each float64 little-endian bytes, a flat list or tuple, or a numpy array
+/// (any shape, read flat in C order): numbers for a numeric datatype, str or bytes for BYTES. Raises ValueError when the values disagree with their
 /// own shape.
 #[pyfunction]
 #[pyo3(signature = (name, datatype, shape, values, atol, rtol, got))]
@@ -45,11 +45,23 @@ fn compare_output(
     result.map_err(|e| PyValueError::new_err(format!("{name}: {e}")))
 }
 
-/// A numeric array's values as float64, flat: numpy converts (its astype is the one every numeric
-/// datatype, FP16 and BOOL included, has always been read with), Rust reads the bytes.
-fn numbers(array: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
-    let raw = array.call_method1("astype", ("<f8",))?.call_method0("tobytes")?;
-    let raw = raw.cast::<PyBytes>()?.as_bytes();
+/// A numeric side's values as float64, flat: the little-endian float64 bytes the health loop's
+/// reading hands over (read_answer, a golden file's expected values), a list or tuple of numbers, or
+/// a numpy array (rollouts, tests), which numpy converts (its astype is the one every numeric
+/// datatype, FP16 and BOOL included, has always been read with).
+fn numbers(values: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
+    let owned;
+    let raw = if let Ok(raw) = values.cast::<PyBytes>() {
+        raw.as_bytes()
+    } else if values.is_instance_of::<PyList>() || values.is_instance_of::<PyTuple>() {
+        return values.try_iter()?.map(|v| v?.extract::<f64>()).collect();
+    } else {
+        owned = values.call_method1("astype", ("<f8",))?.call_method0("tobytes")?;
+        owned.cast::<PyBytes>()?.as_bytes()
+    };
+    if raw.len() % 8 != 0 {
+        return Err(PyValueError::new_err(format!("{} bytes are not a whole number of float64 values", raw.len())));
+    }
     Ok(raw
         .chunks_exact(8)
         .map(|chunk| {
@@ -60,10 +72,15 @@ fn numbers(array: &Bound<'_, PyAny>) -> PyResult<Vec<f64>> {
         .collect())
 }
 
-/// A BYTES array's elements: a str as its UTF-8, anything else as `bytes(value)` (as the Python rule
+/// A BYTES side's elements (a list, a tuple or a numpy array): a str as its UTF-8, anything else as `bytes(value)` (as the Python rule
 /// read them); quoted as Python's `repr` quotes them, by Rust for plain str and bytes.
 fn elements(array: &Bound<'_, PyAny>) -> PyResult<Vec<Element>> {
-    let flat = array.call_method1("reshape", (-1,))?;
+    // A list or tuple (read_answer, a golden file) is flat already; a numpy array is flattened.
+    let flat = if array.is_instance_of::<PyList>() || array.is_instance_of::<PyTuple>() {
+        array.clone()
+    } else {
+        array.call_method1("reshape", (-1,))?
+    };
     let mut out = Vec::new();
     for item in flat.try_iter()? {
         let item = item?;
