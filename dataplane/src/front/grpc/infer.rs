@@ -127,7 +127,7 @@ impl Outcome {
 }
 
 /// A refusal's `error` member (its message, whole).
-fn refusal_message(body: &[u8]) -> String {
+pub(super) fn refusal_message(body: &[u8]) -> String {
     match crate::protocol::json::parse(body) {
         Ok(crate::protocol::json::Value::Object(members)) => members
             .iter()
