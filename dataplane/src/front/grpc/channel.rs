@@ -37,6 +37,23 @@ pub struct UnaryAnswer {
     pub message: String,
 }
 
+/// What a call to Triton carries besides the client's bytes: the request id, and the trace context
+/// (the call's span's when it is traced, else the client's as it came), as grpc_server.py's
+/// `_forwarded` sends them.
+pub fn forwarded<'a>(
+    request_id: &'a str,
+    traceparent: Option<&'a str>,
+    tracestate: Option<&'a str>,
+) -> Vec<(&'static str, &'a str)> {
+    let mut metadata = vec![("x-request-id", request_id)];
+    for (name, value) in [("traceparent", traceparent), ("tracestate", tracestate)] {
+        if let Some(value) = value {
+            metadata.push((name, value));
+        }
+    }
+    metadata
+}
+
 impl Channel {
     pub fn new(authority: String) -> Self {
         Channel { authority, sender: Mutex::new(None), connecting: tokio::sync::Mutex::new(()) }
@@ -80,7 +97,8 @@ impl Channel {
         Ok(sender)
     }
 
-    /// One unary call: `body` (one framed message) to `path` with `metadata`, within `bound` (sent
+    /// One unary call to Triton's gRPC port (ModelInfer's and the documents', the one way both ask
+    /// it; the failures' words name Triton): `body` (one framed message) to `path` with `metadata`, within `bound` (sent
     /// as grpc-timeout too; past it the call is dropped, which resets its stream). Err: no answer
     /// (unreachable, the connection dropped, no grpc-status, the bound passed); a status that is
     /// not OK is an answer.
@@ -123,7 +141,7 @@ impl Channel {
         let response = sender.send_request(request).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
         let (parts, body) = response.into_parts();
         if parts.status != hyper::StatusCode::OK {
-            return Err(Failure::Dropped(format!("the gRPC port answered HTTP {}", parts.status.as_u16())));
+            return Err(Failure::Dropped(format!("Triton's gRPC port answered HTTP {}", parts.status.as_u16())));
         }
         let collected = body.collect().await.map_err(|e| Failure::Dropped(e.to_string()))?;
         let trailers = collected.trailers().cloned();
@@ -131,7 +149,7 @@ impl Channel {
         let status_from =
             if parts.headers.contains_key("grpc-status") { Some(&parts.headers) } else { trailers.as_ref() };
         let Some(status) = status_from.and_then(|h| h.get("grpc-status")) else {
-            return Err(Failure::Dropped("the answer ended without a grpc-status".to_owned()));
+            return Err(Failure::Dropped("Triton's answer ended without a grpc-status".to_owned()));
         };
         let number = status.to_str().ok().and_then(|s| s.parse::<u8>().ok()).unwrap_or(2);
         let message =

@@ -42,6 +42,7 @@ use crate::front::tracing::{Opened, RequestSpan, Route};
 use crate::front::upstream::Failure;
 use crate::protocol::pytext::cut;
 
+use super::channel;
 use super::infer::{read_call, refusal_message};
 use super::messages::{ModelMetadataResponse, ModelRequest, ServerMetadataResponse, Verdict};
 use super::wire::{self, Code, GrpcBody};
@@ -413,12 +414,7 @@ struct Asked {
 /// Python gRPC server answers it.
 async fn ask(front: Arc<GrpcFront>, asked: Asked) -> Option<Outcome> {
     let shared = &front.shared;
-    let mut metadata: Vec<(&'static str, &str)> = vec![("x-request-id", asked.request_id.as_str())];
-    for (name, value) in [("traceparent", &asked.traceparent), ("tracestate", &asked.tracestate)] {
-        if let Some(value) = value {
-            metadata.push((name, value.as_str()));
-        }
-    }
+    let metadata = channel::forwarded(&asked.request_id, asked.traceparent.as_deref(), asked.tracestate.as_deref());
     let model = asked.model.as_str();
     let answer = match front.triton.unary(&asked.path, asked.body, asked.bound, &metadata).await {
         Ok(answer) => answer,
