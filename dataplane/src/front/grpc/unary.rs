@@ -270,7 +270,8 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>, rpc: Rpc) 
         return front.pass_through(parts, super::collected(body)).await;
     };
     let shared = &front.shared;
-    let _counted = InFlight::new(shared);
+    // In the front's in-flight count (what the drain waits for) until answered here.
+    let counted = InFlight::new(shared);
     let text = |key: &str| parts.headers.get(key).and_then(|v| v.to_str().ok());
     let request_id = request_id(text("x-request-id"));
     let (traceparent, tracestate) = (text("traceparent"), text("tracestate"));
@@ -317,6 +318,7 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>, rpc: Rpc) 
                 Ok(Some(outcome)) => outcome,
                 Ok(None) => {
                     span.discard();
+                    drop(counted); // the Python server counts it from here
                     return front.pass_through(parts, super::collected(body)).await;
                 }
                 Err(e) => {
@@ -339,6 +341,7 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>, rpc: Rpc) 
     };
     front.served.fetch_add(1, Ordering::Relaxed);
     finish(&front, rpc, &label, &request_id, &trace_id, &span, started, text(super::CLIENT_SUBJECT), &outcome);
+    drop(counted);
     let mut metadata: Vec<(&'static str, String)> = vec![("x-request-id", request_id)];
     if !outcome.reason.is_empty() {
         metadata.push(("x-sidecar-reason", outcome.reason.to_owned()));
