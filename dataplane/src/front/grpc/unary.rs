@@ -288,6 +288,18 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>, rpc: Rpc) 
     };
     let span = RequestSpan::open(shared.tracing.as_ref(), opened);
     let (trace_id, traceparent, tracestate) = span.upstream_context(trace_id(traceparent), traceparent, tracestate);
+    let client_subject = text(super::CLIENT_SUBJECT);
+    let mut scope = Scope {
+        front: &front,
+        rpc,
+        label: &label,
+        request_id: &request_id,
+        trace_id: &trace_id,
+        span: &span,
+        started,
+        client_subject,
+        done: false,
+    };
     let outcome = match plan {
         Plan::Answer(outcome) => outcome,
         Plan::Triton { model, filter } => {
@@ -317,8 +329,10 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>, rpc: Rpc) 
             match joined {
                 Ok(Some(outcome)) => outcome,
                 Ok(None) => {
+                    scope.done = true; // the Python server counts and logs it
+                    drop(scope);
                     span.discard();
-                    drop(counted); // the Python server counts it from here
+                    drop(counted);
                     return front.pass_through(parts, super::collected(body)).await;
                 }
                 Err(e) => {
@@ -339,8 +353,8 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>, rpc: Rpc) 
             }
         }
     };
-    front.served.fetch_add(1, Ordering::Relaxed);
-    finish(&front, rpc, &label, &request_id, &trace_id, &span, started, text(super::CLIENT_SUBJECT), &outcome);
+    scope.finish(&outcome);
+    drop(scope);
     drop(counted);
     let mut metadata: Vec<(&'static str, String)> = vec![("x-request-id", request_id)];
     if !outcome.reason.is_empty() {
@@ -360,44 +374,66 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Count the call and send up its access-log line (every failure, a sample of the rest), as
-/// sidecar.serving.request.RequestWrapper.finish does for the Python gRPC front.
-#[allow(clippy::too_many_arguments)]
-fn finish(
-    front: &GrpcFront,
+/// One call answered here, from its span's opening to its count: counted and logged once, when
+/// answered, or CANCELLED `client_disconnected` when `serve` is dropped unanswered (the client
+/// reset the stream or its deadline passed while Triton was asked), as the Python gRPC front's
+/// RequestScope counts a gone client.
+struct Scope<'a> {
+    front: &'a GrpcFront,
     rpc: Rpc,
-    label: &str,
-    request_id: &str,
-    trace_id: &str,
-    span: &RequestSpan,
+    label: &'a str,
+    request_id: &'a str,
+    trace_id: &'a str,
+    span: &'a RequestSpan,
     started: Instant,
-    client_subject: Option<&str>,
-    outcome: &Outcome,
-) {
-    let shared = &front.shared;
-    if outcome.rejected {
-        shared.metrics.rejections.inc(&["grpc", label, outcome.reason]);
+    /// The verified client certificate's subject as the connection set it (percent-encoded).
+    client_subject: Option<&'a str>,
+    /// Counted already, or handed to the Python server.
+    done: bool,
+}
+
+impl Scope<'_> {
+    /// Count the call and send up its access-log line (every failure, a sample of the rest), as
+    /// sidecar.serving.request.RequestWrapper.finish does for the Python gRPC front.
+    fn finish(&mut self, outcome: &Outcome) {
+        self.done = true;
+        let shared = &self.front.shared;
+        self.front.served.fetch_add(1, Ordering::Relaxed);
+        if outcome.rejected {
+            shared.metrics.rejections.inc(&["grpc", self.label, outcome.reason]);
+        }
+        let seconds = self.started.elapsed().as_secs_f64();
+        let bytes_out = outcome.data.as_ref().map_or(0, |data| data.len() as u64);
+        let message = || if outcome.encoded { wire::percent_decode(&outcome.message) } else { outcome.message.clone() };
+        self.span.end_grpc((outcome.code.0, outcome.code.1), outcome.reason, message, bytes_out);
+        shared.metrics.finish("grpc", self.label, outcome.code.1, seconds);
+        shared.fast_requests.fetch_add(1, Ordering::Relaxed);
+        if lane::logged(shared, outcome.code != wire::OK || !outcome.reason.is_empty()) {
+            let record = AccessRecord {
+                request_id: self.request_id.to_owned(),
+                trace_id: self.trace_id.to_owned(),
+                span_id: self.span.span_id(),
+                model: self.label.to_owned(),
+                method: "grpc".to_owned(),
+                path: format!("/{}", self.rpc.name),
+                status: 0,
+                duration_ms: (seconds * 100_000.0).round() / 100.0,
+                reason: outcome.reason.to_owned(),
+                client_subject: self
+                    .client_subject
+                    .map_or_else(|| Arc::from(""), |s| Arc::from(wire::percent_decode(s))),
+            };
+            shared.events.push(Event::GrpcLog { record, code: outcome.code.1 });
+        }
     }
-    let seconds = started.elapsed().as_secs_f64();
-    let bytes_out = outcome.data.as_ref().map_or(0, |data| data.len() as u64);
-    let message = || if outcome.encoded { wire::percent_decode(&outcome.message) } else { outcome.message.clone() };
-    span.end_grpc((outcome.code.0, outcome.code.1), outcome.reason, message, bytes_out);
-    shared.metrics.finish("grpc", label, outcome.code.1, seconds);
-    shared.fast_requests.fetch_add(1, Ordering::Relaxed);
-    if lane::logged(shared, outcome.code != wire::OK || !outcome.reason.is_empty()) {
-        let record = AccessRecord {
-            request_id: request_id.to_owned(),
-            trace_id: trace_id.to_owned(),
-            span_id: span.span_id(),
-            model: label.to_owned(),
-            method: "grpc".to_owned(),
-            path: format!("/{}", rpc.name),
-            status: 0,
-            duration_ms: (seconds * 100_000.0).round() / 100.0,
-            reason: outcome.reason.to_owned(),
-            client_subject: client_subject.map_or_else(|| Arc::from(""), |s| Arc::from(wire::percent_decode(s))),
-        };
-        shared.events.push(Event::GrpcLog { record, code: outcome.code.1 });
+}
+
+impl Drop for Scope<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let message = "the client closed the call before its answer".to_owned();
+            self.finish(&Outcome { rejected: false, ..Outcome::refused("client_disconnected", message) });
+        }
     }
 }
 
