@@ -14,6 +14,7 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -840,6 +841,110 @@ async def test_server_reflection_lists_and_resolves_the_services_without_python(
     assert no_extension.error_response.error_code == not_found
     assert front.grpc_handovers == handovers, "a reflection call was handed to the Python gRPC server"
     assert front.grpc_served == served + 1  # the v1 stream
+
+
+async def _document_views(target: str, direct: str) -> dict[str, Any]:
+    """Every document and readiness RPC through the sidecar, and the documents Triton itself gives."""
+    views: dict[str, Any] = {}
+    for method, request, response in (
+            ("ServerLive", pb.ServerLiveRequest(), pb.ServerLiveResponse),
+            ("ServerReady", pb.ServerReadyRequest(), pb.ServerReadyResponse),
+            ("ModelReady", pb.ModelReadyRequest(name="credit_risk"), pb.ModelReadyResponse),
+            ("ServerMetadata", pb.ServerMetadataRequest(), pb.ServerMetadataResponse),
+            ("ModelMetadata", pb.ModelMetadataRequest(name="credit_risk"), pb.ModelMetadataResponse),
+            ("ModelConfig", pb.ModelConfigRequest(name="credit_risk"), pb.ModelConfigResponse),
+            ("ModelMetadata:image", pb.ModelMetadataRequest(name="image_classifier"), pb.ModelMetadataResponse)):
+        name = method.split(":")[0]
+        code, details, trailing, answer = await _raw_call(target, name, request.SerializeToString(),
+                                                          metadata=(("x-request-id", f"doc-{method}"),))
+        assert code is grpc.StatusCode.OK and trailing["x-request-id"] == f"doc-{method}", (method, code, details)
+        views[method] = response.FromString(answer)
+    _, _, _, answer = await _raw_call(direct, "ModelMetadata",
+                                      pb.ModelMetadataRequest(name="image_classifier").SerializeToString())
+    views["direct:image"] = pb.ModelMetadataResponse.FromString(answer)
+    return views
+
+
+async def test_documents_readiness_and_the_control_api_answer_alike_on_both_fronts(triton, grpc_sidecar):
+    """The same answers, words, trailers, counters and access log whichever front serves the port;
+    on the data plane's, without handing one call to the Python gRPC server."""
+    rust = GRPC_FRONT == "rust"
+    front, target, direct = grpc_sidecar.server, grpc_sidecar.grpc, f"127.0.0.1:{triton.ports.grpc}"
+    if rust:  # credit_risk's spec fetched (a lane): its filtered documents are judged by the front
+        request = _credit_request("credit_risk", features(rows=1, seed=5)).SerializeToString()
+        await wait_for(lambda: _served_by_the_lane(grpc_sidecar, target, request), 10,
+                       what="credit_risk published as a lane")
+    handovers, served = (front.grpc_handovers, front.grpc_served) if rust else (0, 0)
+    denied = grpc_sidecar.metric("triton_sidecar_proxy_requests_total", protocol="grpc", model="_server_",
+                                 code="PERMISSION_DENIED") or 0
+    views = await _document_views(target, direct)
+    assert views["ServerLive"].live and views["ServerReady"].ready and views["ModelReady"].ready
+    extensions = list(views["ServerMetadata"].extensions)
+    assert extensions and not {"model_repository", "system_shared_memory", "statistics"} & set(extensions)
+    assert [o.name for o in views["ModelMetadata"].outputs] == ["scores"]
+    assert views["ModelMetadata:image"] == views["direct:image"], "a model without rules: Triton's document"
+    # The config is Triton's but for the hidden output.
+    _, _, _, answer = await _raw_call(direct, "ModelConfig",
+                                      pb.ModelConfigRequest(name="credit_risk").SerializeToString())
+    want = pb.ModelConfigResponse.FromString(answer)
+    kept = [o for o in want.config.output if o.name != "income_prob"]
+    assert len(kept) == len(want.config.output) - 1
+    del want.config.output[:]
+    want.config.output.extend(kept)
+    assert views["ModelConfig"] == want
+    with structlog.testing.capture_logs() as logs:
+        for method in CONTROL:
+            code, details, trailing, _ = await _raw_call(target, method, b"\xff not even protobuf",
+                                                         metadata=(("x-request-id", f"ctl-{method}"),))
+            assert (code, trailing["x-sidecar-reason"], trailing["x-request-id"]) == (
+                grpc.StatusCode.PERMISSION_DENIED, "forbidden_endpoint", f"ctl-{method}"), (method, details)
+            assert details == (f"{method} is part of Triton's control API, which stays inside the pod; only "
+                               "inference, metadata, config, readiness and health are served here"), details
+        logged = await wait_for(lambda: [e for e in logs if e.get("request_id") == "ctl-RepositoryIndex"], 5,
+                                what="the refusal's access-log line")
+    assert {k: logged[0].get(k) for k in ("model", "protocol", "path", "status", "reason")} == {
+        "model": "_server_", "protocol": "grpc", "path": f"/{SERVICE}/RepositoryIndex",
+        "status": "PERMISSION_DENIED", "reason": "forbidden_endpoint"}, logged
+    code, details, trailing, _ = await _raw_call(target, "ModelStatistics", b"")
+    assert (code, trailing["x-sidecar-reason"]) == (grpc.StatusCode.PERMISSION_DENIED, "forbidden_endpoint")
+    assert details == "statistics are not exposed through the sidecar (proxy.allow_statistics is off)"
+    code, details, trailing, _ = await _raw_call(target, "ModelConfig",
+                                                 pb.ModelConfigRequest(name="no_such_model").SerializeToString())
+    assert (code, trailing["x-sidecar-reason"]) == (grpc.StatusCode.NOT_FOUND, "unknown_model"), details
+    assert details == "unknown model 'no_such_model'; served: credit_risk, image_classifier", details
+    code, details, _, _ = await _raw_call(target, "ModelReady",
+                                          pb.ModelReadyRequest(name="credit_risk", version="x").SerializeToString())
+    assert (code, details) == (grpc.StatusCode.NOT_FOUND, "model credit_risk has no version 'x' (versions are numbers)")
+    # Triton's own error for the client (a version it does not have) is passed on as Triton words it.
+    missing = pb.ModelMetadataRequest(name="credit_risk", version="99").SerializeToString()
+    via, straight = await _raw_call(target, "ModelMetadata", missing), await _raw_call(direct, "ModelMetadata", missing)
+    assert via[:2] == straight[:2] and via[0] is not grpc.StatusCode.OK, (via, straight)
+    assert "x-sidecar-reason" not in via[2]
+    assert grpc_sidecar.metric("triton_sidecar_proxy_requests_total", protocol="grpc", model="_server_",
+                               code="PERMISSION_DENIED") == denied + len(CONTROL) + 1
+    assert grpc_sidecar.metric("triton_sidecar_proxy_rejections_total", protocol="grpc", model="_unknown_",
+                               reason="unknown_model") >= 1
+    if rust:
+        assert front.grpc_handovers == handovers, "a document, readiness or control RPC was handed to Python"
+        assert front.grpc_served == served + 7 + len(CONTROL) + 4
+
+
+async def test_statistics_are_served_by_default_for_the_server_and_a_model(triton, start):
+    config = grpc_config(triton)
+    sidecar = await started_and_healthy(start, config)
+    target = f"127.0.0.1:{config.listen.grpc_port}"
+    handovers = sidecar.server.grpc_handovers if GRPC_FRONT == "rust" else 0
+    for name in ("credit_risk", ""):
+        code, details, _, answer = await _raw_call(target, "ModelStatistics",
+                                                   pb.ModelStatisticsRequest(name=name).SerializeToString())
+        assert code is grpc.StatusCode.OK, details
+        stats = pb.ModelStatisticsResponse.FromString(answer).model_stats
+        assert "credit_risk" in {s.name for s in stats}, stats
+    code, _, trailing, _ = await _raw_call(target, "ModelStatistics",
+                                           pb.ModelStatisticsRequest(name="no_such_model").SerializeToString())
+    assert (code, trailing["x-sidecar-reason"]) == (grpc.StatusCode.NOT_FOUND, "unknown_model")
+    if GRPC_FRONT == "rust":
+        assert sidecar.server.grpc_handovers == handovers, "a ModelStatistics was handed to the Python gRPC server"
 
 
 def test_the_vendored_reflection_descriptors_match_the_installed_protocol() -> None:

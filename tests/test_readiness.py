@@ -20,7 +20,7 @@ from sidecar.health.triton_client import TritonClient
 from sidecar.states import ModelState
 from tests.harness import GOLDEN, RunningSidecar, wait_for
 from tests.proxy_support import started_and_healthy
-from tests.test_grpc import _raw_call, grpc_config
+from tests.test_grpc import GRPC_FRONT, _raw_call, grpc_config
 
 
 async def _views(sidecar: RunningSidecar, target: str, models: list[str]) -> dict[str, Any]:
@@ -100,8 +100,11 @@ async def test_readiness_endpoints_agree_during_a_heal_and_after_it(triton, fres
     fresh_model.kill_stub()
     await wait_for(lambda: gated.unloads_waiting > 0 and sidecar.state(model) is ModelState.HEALING, 30,
                    what="a heal held at its unload")
+    handovers = sidecar.server.grpc_handovers if GRPC_FRONT == "rust" else 0
     _agree(await _views(sidecar, target, ["credit_risk", model]), pod=False, credit_risk=True, **{model: False})
     assert sidecar.state(model) is ModelState.HEALING, "the views were taken during the heal"
+    if GRPC_FRONT == "rust":  # the healing model's ModelReady is the sidecar's verdict, given without Python
+        assert sidecar.server.grpc_handovers == handovers
 
     gated.gate.set()
     # Triton itself is "not ready" while it reloads the model (strict readiness): wait for both.
@@ -116,8 +119,11 @@ async def test_readiness_endpoints_agree_during_drain(triton, start):
     target = f"127.0.0.1:{config.listen.grpc_port}"
     _agree(await _views(sidecar, target, ["credit_risk", "image_classifier"]), pod=True, credit_risk=True,
            image_classifier=True)
+    handovers = sidecar.server.grpc_handovers if GRPC_FRONT == "rust" else 0
     sidecar.app[LIFECYCLE].begin_drain()
     views = await _views(sidecar, target, ["credit_risk", "image_classifier"])
     _agree(views, pod=False, credit_risk=False, image_classifier=False)
     status, body = await sidecar.get("/v2/health/ready")
     assert status == 503 and "shutting down" in body["problems"], body
+    if GRPC_FRONT == "rust":  # ServerReady and ModelReady said so from the sidecar's verdict, without Python
+        assert sidecar.server.grpc_handovers == handovers

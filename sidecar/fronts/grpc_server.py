@@ -9,6 +9,10 @@ port (`triton.grpc_url`, loopback inside the pod).
 Refusals carry the same message and reason as over HTTP: the status code is `Reason.grpc_code`, the
 reason is in the trailing metadata `x-sidecar-reason`, a quarantine adds `grpc-retry-pushback-ms`.
 Every repository, shared-memory, trace and log RPC answers PERMISSION_DENIED.
+
+With listen.grpc_front: rust the data plane's gRPC front answers the unary RPCs here besides
+ModelInfer itself, by these same rules and words (dataplane/src/front/grpc/unary.rs; test_grpc
+compares both fronts' answers): this server gets only what that front hands over.
 """
 
 from __future__ import annotations

@@ -29,9 +29,9 @@ use super::upstream::Failure;
 use super::Shared;
 
 /// The metrics label of a request to the pod rather than a model (sidecar.serving.admission).
-const SERVER_LABEL: &str = "_server_";
+pub(super) const SERVER_LABEL: &str = "_server_";
 /// The metrics label of a model name the sidecar does not guard (sidecar.serving.admission).
-const UNKNOWN_LABEL: &str = "_unknown_";
+pub(super) const UNKNOWN_LABEL: &str = "_unknown_";
 
 /// A request head as the front read it.
 struct Head {
@@ -1171,7 +1171,7 @@ fn snapshot_extensions(shared: &super::Shared) -> std::collections::HashSet<Stri
 
 /// A document Triton gave no answer for, refused as ServingCore.upstream_refusal(signal=False)
 /// refuses it: no passive signal for the model, but Triton unreachable still told to the health loop.
-fn documents_refusal(shared: &super::Shared, model: &str, failure: Failure) -> Reply {
+pub(super) fn documents_refusal(shared: &super::Shared, model: &str, failure: Failure) -> Reply {
     match failure {
         Failure::Unreachable(detail) => {
             shared.events.push(Event::Failed { model: model.to_owned(), kind: "unreachable", status: 0, detail });

@@ -301,27 +301,42 @@ pub fn filtered_document(body: &[u8], config: bool, outputs: &HashMap<String, bo
         None => Vec::new(),
         Some((_, value)) => value.items()?.into_owned(),
     };
-    let (mut kept, mut dropped) = (Vec::new(), Vec::new());
-    for item in listed {
-        let name = match &item {
-            Value::Object(fields) => match fields.iter().find(|(k, _)| k == "name") {
-                Some((_, Value::Str(name))) => name.to_string(),
-                _ => return None,
-            },
-            _ => return None,
-        };
-        match outputs.get(&name) {
-            None => return None,
-            Some(true) => dropped.push(name),
-            Some(false) => kept.push(item),
-        }
-    }
+    let name = |item: &Value| match item {
+        Value::Object(fields) => match fields.iter().find(|(k, _)| k == "name") {
+            Some((_, Value::Str(name))) => Some(name.to_string()),
+            _ => None,
+        },
+        _ => None,
+    };
+    let (kept, dropped) = without_hidden(listed, name, outputs)?;
     match members.iter_mut().find(|(k, _)| k == key) {
         Some((_, value)) => *value = Value::Array(kept),
         None => members.push((key.into(), Value::Array(kept))),
     }
     let mut out = String::with_capacity(body.len());
     write_plain(&Value::Object(members), &mut out).then_some((out, dropped))
+}
+
+/// A document's outputs without the hidden ones, and the names dropped, by the output filter's
+/// verdict Python published for each output the model's spec declares (`Guarded::outputs`); None
+/// when an output has no name or no verdict (one the spec does not declare): only the filter's own
+/// patterns can judge it, so the Python chain answers that document. The one rule for every
+/// document the fronts filter: HTTP's JSON (`filtered_document`) and gRPC's messages
+/// (grpc/unary.rs).
+pub fn without_hidden<T>(
+    items: Vec<T>,
+    name: impl Fn(&T) -> Option<String>,
+    outputs: &HashMap<String, bool>,
+) -> Option<(Vec<T>, Vec<String>)> {
+    let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+    for item in items {
+        let name = name(&item)?;
+        match outputs.get(&name)? {
+            true => dropped.push(name),
+            false => kept.push(item),
+        }
+    }
+    Some((kept, dropped))
 }
 
 /// json.dumps of what rapidjson read: strings, numbers (a Python int as its digits, a float as its

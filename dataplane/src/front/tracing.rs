@@ -637,6 +637,15 @@ impl RequestSpan {
         self.finish(outcome, reason, || failed.then(|| describe(label, message())), bytes_out);
     }
 
+    /// Drop the span unrecorded: the request is handed to the Python side, whose own span covers it.
+    pub fn discard(&self) {
+        if let Some(traced) = &self.0 {
+            if let Ok(mut open) = traced.open.lock() {
+                open.take();
+            }
+        }
+    }
+
     /// The record, complete, goes to the recorder; a second end finds none and does nothing, and
     /// describes no error: `error` is called only for the record still open (the drop that follows
     /// every end would otherwise format a 499's description each request, ~1 µs).

@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper::header::HeaderValue;
 use hyper::{HeaderMap, Request, Response};
 use prost::Message;
 
@@ -41,6 +40,7 @@ use crate::protocol::datatypes::first_non_finite;
 use crate::protocol::pytext::cut;
 use crate::serving::validation::validate_infer_request;
 
+use super::channel::{self, UnaryAnswer};
 use super::document::infer_document;
 use super::messages::{ModelInferRequest, ModelInferResponse};
 use super::wire::{self, Code, GrpcBody};
@@ -127,7 +127,7 @@ impl Outcome {
 }
 
 /// A refusal's `error` member (its message, whole).
-fn refusal_message(body: &[u8]) -> String {
+pub(super) fn refusal_message(body: &[u8]) -> String {
     match crate::protocol::json::parse(body) {
         Ok(crate::protocol::json::Value::Object(members)) => members
             .iter()
@@ -414,58 +414,15 @@ async fn answer(front: Arc<GrpcFront>, call: Arc<Call>) -> Outcome {
     }
 }
 
-/// Triton's answer: its body and the status its trailers (or a trailers-only answer) carry.
-struct TritonAnswer {
-    body: Bytes,
-    status: Code,
-    /// grpc-message as it came (percent-encoded).
-    message: String,
-}
-
-async fn to_triton(front: &GrpcFront, call: &Call) -> Result<TritonAnswer, Failure> {
-    let uri = format!("http://{}{}", front.triton.authority(), MODEL_INFER)
-        .parse::<hyper::Uri>()
-        .map_err(|e| Failure::Unreachable(format!("triton.grpc_url: {e}")))?;
-    let mut request = Request::new(wire::full(call.body.clone()));
-    *request.method_mut() = hyper::Method::POST;
-    *request.uri_mut() = uri;
-    *request.version_mut() = hyper::Version::HTTP_2;
-    let headers = request.headers_mut();
-    headers.insert("content-type", HeaderValue::from_static(wire::CONTENT_TYPE));
-    headers.insert("te", HeaderValue::from_static("trailers"));
-    if let Ok(value) = HeaderValue::from_str(&wire::timeout_value(call.bound)) {
-        headers.insert("grpc-timeout", value);
-    }
-    if let Ok(value) = HeaderValue::from_str(&call.request_id) {
-        headers.insert("x-request-id", value);
-    }
-    for (name, value) in [("traceparent", &call.traceparent), ("tracestate", &call.tracestate)] {
-        if let Some(value) = value.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
-            headers.insert(name, value);
-        }
-    }
-    let mut sender = front.triton.sender().await.map_err(Failure::Unreachable)?;
-    let response = sender.send_request(request).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
-    let (parts, body) = response.into_parts();
-    if parts.status != hyper::StatusCode::OK {
-        return Err(Failure::Dropped(format!("Triton's gRPC port answered HTTP {}", parts.status.as_u16())));
-    }
-    let collected = body.collect().await.map_err(|e| Failure::Dropped(e.to_string()))?;
-    let trailers = collected.trailers().cloned();
-    let body = collected.to_bytes();
-    let status_from = if parts.headers.contains_key("grpc-status") { Some(&parts.headers) } else { trailers.as_ref() };
-    let Some(status) = status_from.and_then(|h| h.get("grpc-status")) else {
-        return Err(Failure::Dropped("Triton's answer ended without a grpc-status".to_owned()));
-    };
-    let number = status.to_str().ok().and_then(|s| s.parse::<u8>().ok()).unwrap_or(2);
-    let message =
-        status_from.and_then(|h| h.get("grpc-message")).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-    Ok(TritonAnswer { body, status: Code::from_number(number), message })
+/// The call to Triton's gRPC port (the client's bytes, the request id, the trace context).
+async fn to_triton(front: &GrpcFront, call: &Call) -> Result<UnaryAnswer, Failure> {
+    let metadata = channel::forwarded(&call.request_id, call.traceparent.as_deref(), call.tracestate.as_deref());
+    front.triton.unary(MODEL_INFER, call.body.clone(), call.bound, &metadata).await
 }
 
 /// Triton's verdict as the Python gRPC front gives it: an error that is the client's to fix passed
 /// on, a failure refused (and signalled), an answer screened.
-fn judge(front: &GrpcFront, call: &Call, lane: &Lane, answer: TritonAnswer) -> Outcome {
+fn judge(front: &GrpcFront, call: &Call, lane: &Lane, answer: UnaryAnswer) -> Outcome {
     let shared = &front.shared;
     let model = call.model.as_str();
     if answer.status != wire::OK {

@@ -1,5 +1,6 @@
-//! The messages of Triton's `grpc_service.proto` the ModelInfer lane reads, written by hand with
-//! prost's derive (no protoc on the machine, no build script). Tags and types are the .proto's.
+//! The messages of Triton's `grpc_service.proto` the gRPC front reads (ModelInfer's, and the documents
+//! of `unary`), written by hand with prost's derive (no protoc on the machine, no build script). Tags
+//! and types are the .proto's.
 //!
 //! A request is decoded only to be checked: the client's bytes go to Triton unchanged. A response is
 //! decoded to be screened and re-encoded only when an output is removed, so `ModelInferResponse`
@@ -117,4 +118,55 @@ pub struct ModelInferResponse {
     pub outputs: Vec<InferOutputTensor>,
     #[prost(bytes = "bytes", repeated, tag = "6")]
     pub raw_output_contents: Vec<Bytes>,
+}
+
+/// ModelReadyRequest, ModelMetadataRequest, ModelConfigRequest and ModelStatisticsRequest: the same
+/// two fields (the model's name and version) under the same tags.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelRequest {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub version: String,
+}
+
+/// ServerLiveResponse (`live`), ServerReadyResponse and ModelReadyResponse (`ready`): one bool, tag 1.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Verdict {
+    #[prost(bool, tag = "1")]
+    pub yes: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ServerMetadataResponse {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub version: String,
+    #[prost(string, repeated, tag = "3")]
+    pub extensions: Vec<String>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TensorMetadata {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub datatype: String,
+    #[prost(int64, repeated, tag = "3")]
+    pub shape: Vec<i64>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelMetadataResponse {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, repeated, tag = "2")]
+    pub versions: Vec<String>,
+    #[prost(string, tag = "3")]
+    pub platform: String,
+    #[prost(message, repeated, tag = "4")]
+    pub inputs: Vec<TensorMetadata>,
+    #[prost(message, repeated, tag = "5")]
+    pub outputs: Vec<TensorMetadata>,
 }

@@ -6,10 +6,15 @@
 //! health: decoded with prost, admitted by the HTTP front's admission (the fallback version, holds
 //! while suspect or during a heal, quarantine refusals), checked by the one validation rule, the
 //! client's bytes forwarded to Triton's gRPC port over one HTTP/2 connection, the answer screened,
-//! counted as the Python gRPC front counts it. Every other
-//! call is passed through as it is, streaming both ways with its headers and trailers, to the
-//! Python gRPC server listening on a loopback port behind the front (`passthrough`), which answers
-//! it exactly as before; a client that cancels drops the forwarded call, which cancels it there.
+//! counted as the Python gRPC front counts it. The service's other unary RPCs are answered here too
+//! (`unary`): ServerLive, ServerReady and ModelReady from the sidecar's own verdict, ServerMetadata,
+//! ModelMetadata, ModelConfig (hidden outputs removed) and ModelStatistics from Triton's gRPC port,
+//! the control API refused PERMISSION_DENIED; so are grpc.health.v1 (`health`) and server
+//! reflection (`reflection`). Every other call (ModelStreamInfer, an unknown method, and what those
+//! modules leave to Python) is passed through as it is, streaming both ways with its headers and
+//! trailers, to the Python gRPC server listening on a loopback port behind the front
+//! (`pass_through`), which answers it exactly as before; a client that cancels drops the forwarded
+//! call, which cancels it there.
 //!
 //! With tls.cert_file set this port is grpcs: each connection's handshake comes first, on the HTTP
 //! port's rules (`super::tls`: the same material, client CA and allowed SANs, ALPN `h2`, the same
@@ -24,6 +29,7 @@ pub mod health;
 pub mod infer;
 pub mod messages;
 pub mod reflection;
+pub mod unary;
 pub mod wire;
 
 use std::convert::Infallible;
@@ -107,17 +113,20 @@ impl GrpcFront {
         }
     }
 
-    /// One call: the ModelInfer lane when it may serve it, grpc.health.v1 and server reflection
-    /// here, else the Python gRPC server.
+    /// One call: the ModelInfer lane when it may serve it, the service's other unary RPCs,
+    /// grpc.health.v1 and server reflection here, else the Python gRPC server.
     async fn route(self: Arc<Self>, request: Request<Incoming>) -> Response<GrpcBody> {
         match request.uri().path() {
             infer::MODEL_INFER => infer::serve(self, request).await,
             health::CHECK | health::WATCH => health::serve(self, request).await,
             reflection::V1 | reflection::V1ALPHA => reflection::serve(&self, request),
-            _ => {
-                let (parts, body) = request.into_parts();
-                self.pass_through(parts, body.boxed()).await
-            }
+            path => match unary::rpc(path) {
+                Some(rpc) => unary::serve(self, request, rpc).await,
+                None => {
+                    let (parts, body) = request.into_parts();
+                    self.pass_through(parts, body.boxed()).await
+                }
+            },
         }
     }
 
