@@ -31,7 +31,7 @@ use super::Shared;
 /// The metrics label of a request to the pod rather than a model (sidecar.serving.admission).
 const SERVER_LABEL: &str = "_server_";
 /// The metrics label of a model name the sidecar does not guard (sidecar.serving.admission).
-const UNKNOWN_LABEL: &str = "_unknown_";
+pub(super) const UNKNOWN_LABEL: &str = "_unknown_";
 
 /// A request head as the front read it.
 struct Head {

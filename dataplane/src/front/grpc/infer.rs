@@ -127,7 +127,7 @@ impl Outcome {
 }
 
 /// A refusal's `error` member (its message, whole).
-fn refusal_message(body: &[u8]) -> String {
+pub(super) fn refusal_message(body: &[u8]) -> String {
     match crate::protocol::json::parse(body) {
         Ok(crate::protocol::json::Value::Object(members)) => members
             .iter()
@@ -539,7 +539,7 @@ fn judge(front: &GrpcFront, call: &Call, lane: &Lane, answer: TritonAnswer) -> O
 
 /// Hidden outputs removed from the response (with their raw contents), and the kept float outputs
 /// holding NaN or ±Inf (grpc_server.py's screen_infer_response).
-fn screen(lane: &Lane, response: &mut ModelInferResponse) -> (Vec<String>, Vec<String>) {
+pub(super) fn screen(lane: &Lane, response: &mut ModelInferResponse) -> (Vec<String>, Vec<String>) {
     let mut dropped = Vec::new();
     let mut non_finite = Vec::new();
     let mut keep = Vec::with_capacity(response.outputs.len());

@@ -24,6 +24,7 @@ pub mod health;
 pub mod infer;
 pub mod messages;
 pub mod reflection;
+pub mod stream;
 pub mod wire;
 
 use std::convert::Infallible;
@@ -112,6 +113,7 @@ impl GrpcFront {
     async fn route(self: Arc<Self>, request: Request<Incoming>) -> Response<GrpcBody> {
         match request.uri().path() {
             infer::MODEL_INFER => infer::serve(self, request).await,
+            stream::MODEL_STREAM_INFER => stream::serve(self, request).await,
             health::CHECK | health::WATCH => health::serve(self, request).await,
             reflection::V1 | reflection::V1ALPHA => reflection::serve(&self, request),
             _ => {
