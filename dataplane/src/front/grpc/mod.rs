@@ -6,7 +6,10 @@
 //! health: decoded with prost, admitted by the HTTP front's admission (the fallback version, holds
 //! while suspect or during a heal, quarantine refusals), checked by the one validation rule, the
 //! client's bytes forwarded to Triton's gRPC port over one HTTP/2 connection, the answer screened,
-//! counted as the Python gRPC front counts it. Every other
+//! counted as the Python gRPC front counts it. `ModelStreamInfer` whose first request names a lane's
+//! model quarantined whole or not at all is served here too (`stream`): each request admitted and
+//! validated as it comes, the model's breaker slot held for the stream, each response screened, an
+//! in-stream error for a refused request, UNAVAILABLE when a quarantine begins. Every other
 //! call is passed through as it is, streaming both ways with its headers and trailers, to the
 //! Python gRPC server listening on a loopback port behind the front (`passthrough`), which answers
 //! it exactly as before; a client that cancels drops the forwarded call, which cancels it there.

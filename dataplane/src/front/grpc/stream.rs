@@ -307,7 +307,10 @@ async fn run(front: Arc<GrpcFront>, call: Arc<Call>, requests: Requests, tx: mps
     let mut reading = true;
     let ending: Option<Ending> = loop {
         let bound = (outstanding > 0).then_some(if answering { idle } else { first });
+        // Biased: a request's note is queued before the request goes to Triton, so it is read
+        // before any response to it and the silence bound always counts what is owed.
         let message: Bytes = tokio::select! {
+            biased;
             _ = tx.closed() => {
                 // The client left: Triton's side is cancelled as the tasks drop.
                 drop((reader, upstream, slots));
@@ -944,6 +947,54 @@ mod tests {
         assert!(said.infer_response.is_none());
         let said = ModelStreamInferResponse::decode(in_stream("non_finite_output", "NaN", "r7")).unwrap_or_default();
         assert_eq!(said.infer_response.map(|r| r.id).as_deref(), Some("r7"));
+    }
+
+    fn call() -> Call {
+        Call {
+            model: "m".into(),
+            request_id: "r1".into(),
+            trace_id: String::new(),
+            traceparent: None,
+            tracestate: None,
+            span: RequestSpan::OFF,
+            started: Instant::now(),
+            client_subject: Arc::from(""),
+            idle: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn triton_s_error_passes_as_it_came_settles_its_request_and_is_the_model_s_failure() {
+        let shared = crate::front::shared_for_tests(Duration::ZERO, Duration::ZERO);
+        let (mut outstanding, mut answering) = (2, true);
+        let error = ModelStreamInferResponse { error_message: "in model: boom".into(), infer_response: None };
+        let message = Bytes::from(error.encode_to_vec());
+        let mut owed = Owed { outstanding: &mut outstanding, answering: &mut answering };
+        let passed = screened(&shared, &call(), 1, message.clone(), &mut owed).ok().flatten();
+        assert_eq!(passed, Some(message));
+        assert_eq!((outstanding, answering), (1, false));
+        let failed = shared.events.drain().into_iter().any(|e| {
+            matches!(e, Event::Failed { kind: "server_error", ref detail, .. } if detail == "Triton answered: in model: boom")
+        });
+        assert!(failed, "the model's failure is reported");
+        // A response that is not the last of its request: the next one is bounded by the idle time.
+        let partial = ModelStreamInferResponse {
+            error_message: String::new(),
+            infer_response: Some(ModelInferResponse {
+                model_name: "not_a_lane".into(),
+                parameters: HashMap::from([(
+                    "triton_final_response".to_owned(),
+                    InferParameter { parameter_choice: Some(ParameterChoice::BoolParam(false)) },
+                )]),
+                ..Default::default()
+            }),
+        };
+        let mut owed = Owed { outstanding: &mut outstanding, answering: &mut answering };
+        assert!(screened(&shared, &call(), 1, Bytes::from(partial.encode_to_vec()), &mut owed).is_ok());
+        assert_eq!((outstanding, answering), (1, true));
+        let mut owed = Owed { outstanding: &mut outstanding, answering: &mut answering };
+        let ending = screened(&shared, &call(), 1, Bytes::from_static(&[0xff, 0xff]), &mut owed).err();
+        assert_eq!(ending.map(|e| (e.code, e.reason)), Some((wire::INTERNAL, "triton_bad_answer".to_owned())));
     }
 
     #[test]
