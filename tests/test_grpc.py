@@ -409,6 +409,31 @@ async def test_a_client_that_cancels_a_stream_cancels_triton_s_side(triton, deco
     await wait_for(lambda: sidecar.app[LIFECYCLE].in_flight == 0, 2, what="the stream to be finished")
 
 
+async def test_a_stream_whose_client_leaves_is_counted_cancelled_and_frees_its_slot(
+    triton, decoupled, decoupled_golden, start
+):
+    config = grpc_config(triton, models=[DECOUPLED], golden_dir=decoupled_golden)
+    sidecar = await started_and_healthy(start, config)
+    front = sidecar.server
+    handovers, served = (front.grpc_handovers, front.grpc_served) if GRPC_FRONT == "rust" else (0, 0)
+    tensor = pb.ModelInferRequest.InferInputTensor(name="COUNT", datatype="INT32", shape=[1],
+                                                   contents=pb.InferTensorContents(int_contents=[60]))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{config.listen.grpc_port}") as channel:
+        call = _stream_call(channel)
+        await call.write(pb.ModelInferRequest(model_name=DECOUPLED, inputs=[tensor]))
+        for _ in range(3):
+            assert not (await asyncio.wait_for(call.read(), 10)).error_message
+        call.cancel()
+    await wait_for(lambda: sidecar.metric("triton_sidecar_stream_endings_total", model=DECOUPLED,
+                                          outcome="client_disconnected") == 1, 5, what="the stream's end counted")
+    await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_requests_total", protocol="grpc", model=DECOUPLED,
+                                          code="CANCELLED") == 1, 5, what="the call counted CANCELLED")
+    assert sidecar.metric("triton_sidecar_streams_in_flight", model=DECOUPLED) == 0
+    await wait_for(lambda: sidecar.app[LIFECYCLE].in_flight == 0, 5, what="the stream finished")
+    if GRPC_FRONT == "rust":
+        assert (front.grpc_handovers, front.grpc_served) == (handovers, served + 1), "not served by the front"
+
+
 async def test_the_client_deadline_reaches_triton_and_upstream_timeout_bounds_it(triton, fresh_model, start):
     model = fresh_model.name
     config = grpc_config(triton, models=[model], golden_dir=fresh_model.golden_dir,

@@ -25,7 +25,7 @@ from sidecar.fronts.http_front import HttpFront
 from sidecar.states import ModelState
 from tests.harness import wait_for
 from tests.proxy_support import PythonEntries, features, started_and_healthy, triton_successes
-from tests.test_grpc import GRPC_FRONT, grpc_config
+from tests.test_grpc import GRPC_FRONT, SyncStream, grpc_config
 from tests.test_versions import _pinnable, _pins_served, two_versions  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.fault
@@ -278,4 +278,62 @@ async def test_unpinned_grpc_calls_go_to_the_trusted_version_while_the_newest_is
     assert triton_successes(two_versions.triton, model, "2") == on_2
     if GRPC_FRONT == "rust":
         assert front.grpc_handovers == handovers, "a call was handed to the Python gRPC server"
+        assert entries.count == 0, f"{entries.count} entries into the Python request chain"
+
+
+async def test_a_grpc_stream_is_served_by_the_front_until_a_real_quarantine_ends_it_unavailable(
+        triton, fresh_model, start):
+    """ModelStreamInfer on the stream's model: answered request by request, a later request to an
+    unknown model refused in-stream as the Python server refuses it, then the model's weights turn NaN:
+    the NaN answers are withheld in-stream and the quarantine ends the stream UNAVAILABLE with its
+    reason and pushback. On the Rust front the stream is never handed to the Python gRPC server and
+    never enters the Python request chain."""
+    model = fresh_model.name
+    config = grpc_config(triton, models=[model], golden_dir=fresh_model.golden_dir)
+    sidecar = await started_and_healthy(start, config)
+    target = f"127.0.0.1:{config.listen.grpc_port}"
+    await _a_lane(sidecar, target, model)
+    handovers = sidecar.server.grpc_handovers if GRPC_FRONT == "rust" else 0
+    served = sidecar.server.grpc_served if GRPC_FRONT == "rust" else 0
+    expected = credit_risk_scores(features(ROWS, seed=21)).ravel()
+    request = pb.ModelInferRequest.FromString(_request(model, 21))
+    stream = SyncStream(target)
+    in_stream_errors: list[str] = []
+    ended: grpc.RpcError | None = None
+    with PythonEntries(sidecar.app[SERVING]) as entries:
+        try:
+            for i in range(3):
+                request.id = f"before-{i}"
+                answer = await asyncio.to_thread(stream.exchange, request)
+                assert answer.infer_response.id == f"before-{i}" and not answer.error_message, answer
+                np.testing.assert_allclose(_scores(answer.infer_response), expected, atol=1e-5, rtol=1e-4)
+            unknown = pb.ModelInferRequest.FromString(_request("no_such_model", 21))
+            refused = await asyncio.to_thread(stream.exchange, unknown)
+            assert refused.error_message.startswith("[unknown_model] unknown model 'no_such_model'; served: "), refused
+            fresh_model.inject("nan")
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                answer = await asyncio.to_thread(stream.exchange, request)
+                if answer.error_message:
+                    in_stream_errors.append(answer.error_message)
+                else:
+                    np.testing.assert_allclose(_scores(answer.infer_response), expected, atol=1e-5, rtol=1e-4)
+                await asyncio.sleep(0.02)
+        except grpc.RpcError as e:
+            ended = e
+        finally:
+            stream.close()
+    assert ended is not None, "the stream outlived the quarantine"
+    trailing = dict(ended.trailing_metadata() or ())
+    assert ended.code() is grpc.StatusCode.UNAVAILABLE, (ended.code(), ended.details())
+    assert trailing.get("x-sidecar-reason") == "quarantined" and trailing.get("grpc-retry-pushback-ms") == "5000"
+    assert all(e.startswith("[non_finite_output]") for e in in_stream_errors), in_stream_errors
+    await wait_for(lambda: sidecar.metric("triton_sidecar_stream_endings_total", model=model,
+                                          outcome="quarantined") == 1, 5, what="the stream's ending counted")
+    assert sidecar.metric("triton_sidecar_streams_in_flight", model=model) == 0
+    assert sidecar.metric("triton_sidecar_proxy_requests_total", protocol="grpc", model=model,
+                          code="UNAVAILABLE") >= 1
+    if GRPC_FRONT == "rust":
+        assert sidecar.server.grpc_served == served + 1, "the stream was not served by the front"
+        assert sidecar.server.grpc_handovers == handovers, "the stream was handed to the Python gRPC server"
         assert entries.count == 0, f"{entries.count} entries into the Python request chain"

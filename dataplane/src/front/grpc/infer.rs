@@ -496,7 +496,7 @@ fn judge(front: &GrpcFront, call: &Call, lane: &Lane, answer: UnaryAnswer) -> Ou
 
 /// Hidden outputs removed from the response (with their raw contents), and the kept float outputs
 /// holding NaN or ±Inf (grpc_server.py's screen_infer_response).
-fn screen(lane: &Lane, response: &mut ModelInferResponse) -> (Vec<String>, Vec<String>) {
+pub(super) fn screen(lane: &Lane, response: &mut ModelInferResponse) -> (Vec<String>, Vec<String>) {
     let mut dropped = Vec::new();
     let mut non_finite = Vec::new();
     let mut keep = Vec::with_capacity(response.outputs.len());

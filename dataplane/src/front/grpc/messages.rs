@@ -170,3 +170,13 @@ pub struct ModelMetadataResponse {
     #[prost(message, repeated, tag = "5")]
     pub outputs: Vec<TensorMetadata>,
 }
+
+/// One message of ModelStreamInfer's answer: Triton's response to a request on the stream, or its
+/// in-stream error (the stream goes on after it).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ModelStreamInferResponse {
+    #[prost(string, tag = "1")]
+    pub error_message: String,
+    #[prost(message, optional, tag = "2")]
+    pub infer_response: Option<ModelInferResponse>,
+}

@@ -10,11 +10,14 @@
 //! (`unary`): ServerLive, ServerReady and ModelReady from the sidecar's own verdict, ServerMetadata,
 //! ModelMetadata, ModelConfig (hidden outputs removed) and ModelStatistics from Triton's gRPC port,
 //! the control API refused PERMISSION_DENIED; so are grpc.health.v1 (`health`) and server
-//! reflection (`reflection`). Every other call (ModelStreamInfer, an unknown method, and what those
-//! modules leave to Python) is passed through as it is, streaming both ways with its headers and
-//! trailers, to the Python gRPC server listening on a loopback port behind the front
-//! (`pass_through`), which answers it exactly as before; a client that cancels drops the forwarded
-//! call, which cancels it there.
+//! reflection (`reflection`). `ModelStreamInfer` whose first request names a lane's model
+//! quarantined whole or not at all is served here too (`stream`): each request admitted and
+//! validated as it comes, the model's breaker slot held for the stream, each response screened, an
+//! in-stream error for a refused request, UNAVAILABLE when a quarantine begins. Every other call (an
+//! unknown method, and what those modules leave to Python) is passed through as it is, streaming
+//! both ways with its headers and trailers, to the Python gRPC server listening on a loopback port
+//! behind the front (`pass_through`), which answers it exactly as before; a client that cancels
+//! drops the forwarded call, which cancels it there.
 //!
 //! With tls.cert_file set this port is grpcs: each connection's handshake comes first, on the HTTP
 //! port's rules (`super::tls`: the same material, client CA and allowed SANs, ALPN `h2`, the same
@@ -29,6 +32,7 @@ pub mod health;
 pub mod infer;
 pub mod messages;
 pub mod reflection;
+pub mod stream;
 pub mod unary;
 pub mod wire;
 
@@ -118,6 +122,7 @@ impl GrpcFront {
     async fn route(self: Arc<Self>, request: Request<Incoming>) -> Response<GrpcBody> {
         match request.uri().path() {
             infer::MODEL_INFER => infer::serve(self, request).await,
+            stream::MODEL_STREAM_INFER => stream::serve(self, request).await,
             health::CHECK | health::WATCH => health::serve(self, request).await,
             reflection::V1 | reflection::V1ALPHA => reflection::serve(&self, request),
             path => match unary::rpc(path) {

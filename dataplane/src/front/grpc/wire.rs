@@ -190,9 +190,15 @@ pub fn trailers(code: Code, message: &str) -> HeaderMap {
 /// A streaming answer's headers, its body what `frames` receives (messages, then the trailers);
 /// dropped by hyper when the client resets the stream, which closes the sending side.
 pub fn streamed(frames: tokio::sync::mpsc::Receiver<Frame<Bytes>>) -> Response<GrpcBody> {
-    let mut response = Response::new(Streamed(frames).boxed());
+    let mut response = Response::new(channel(frames));
     response.headers_mut().insert("content-type", HeaderValue::from_static(CONTENT_TYPE));
     response
+}
+
+/// A body made of what `frames` receives, ended when its sender is dropped (a stream's requests
+/// to Triton, an answer's messages to the client).
+pub fn channel(frames: tokio::sync::mpsc::Receiver<Frame<Bytes>>) -> GrpcBody {
+    Streamed(frames).boxed()
 }
 
 struct Streamed(tokio::sync::mpsc::Receiver<Frame<Bytes>>);
