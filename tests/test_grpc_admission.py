@@ -152,7 +152,13 @@ async def test_grpc_calls_through_a_nan_heal_are_held_and_answered_right_after_i
         watcher = asyncio.create_task(watch_holding())
         traffic = await _through_a_nan_heal(sidecar, fresh_model, target, seed=11)
         watcher.cancel()
-    counts = _count(traffic, 11, allow_unavailable=False)  # no UNAVAILABLE at all
+    # Held, not refused: the only UNAVAILABLE allowed is a call that was already waiting at Triton
+    # when the quarantine began (Admission._end_waiting ends those on both fronts, hold or not; how
+    # many there are is a race with the passive signal, 0 on most runs).
+    counts = _count(traffic, 11, allow_unavailable=True)
+    ended = sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="ended_at_triton") or 0
+    assert counts.get("UNAVAILABLE", 0) <= ended, (counts, ended)
+    assert not sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="rejected"), counts
     assert counts.get("OK", 0) >= 20, counts
     assert max(holding) >= 1, "no call was held"
     assert sidecar.metric("triton_sidecar_proxy_quarantined_total", model=model, outcome="held_released") >= 1
