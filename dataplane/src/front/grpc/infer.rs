@@ -32,7 +32,6 @@ use prost::Message;
 use crate::front::connection::{panic_message, request_id, trace_id};
 use crate::front::events::{AccessRecord, Event};
 use crate::front::lane::{self, Admitting, AtTriton, InFlight};
-use crate::front::reply::Reply;
 use crate::front::state::Lane;
 use crate::front::tracing::{Opened, RequestSpan, Route};
 use crate::front::upstream::Failure;
@@ -43,7 +42,8 @@ use crate::serving::validation::validate_infer_request;
 use super::channel::{self, UnaryAnswer};
 use super::document::infer_document;
 use super::messages::{ModelInferRequest, ModelInferResponse};
-use super::wire::{self, Code, GrpcBody};
+use super::outcome::{panic_refusal, AbortOnDrop, Outcome};
+use super::wire::{self, GrpcBody};
 use super::GrpcFront;
 
 pub const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
@@ -82,48 +82,6 @@ struct Call {
     /// The verified client certificate's subject ("" without mutual TLS), for the access log
     /// (`super::CLIENT_SUBJECT`, set by the connection).
     client_subject: Arc<str>,
-}
-
-/// How a call ends: its status, message and the trailing metadata that goes with it.
-struct Outcome {
-    code: Code,
-    message: String,
-    /// `message` is Triton's grpc-message as it came (already percent-encoded).
-    encoded: bool,
-    /// The answer, framed (OK only).
-    data: Option<Bytes>,
-    reason: &'static str,
-    retry_after: Option<u64>,
-}
-
-impl Outcome {
-    fn ok(data: Bytes) -> Self {
-        Outcome {
-            code: wire::OK,
-            message: String::new(),
-            encoded: false,
-            data: Some(data),
-            reason: "",
-            retry_after: None,
-        }
-    }
-
-    /// One of the lane's refusals (breaker, quarantine at Triton, Triton failed), as its HTTP
-    /// reply: the same reason, message and Retry-After, with the reason's gRPC code.
-    fn refused(reply: Reply) -> Self {
-        Outcome {
-            code: Code::of_reason(reply.reason),
-            message: refusal_message(&reply.body),
-            encoded: false,
-            data: None,
-            reason: reply.reason,
-            retry_after: reply.retry_after,
-        }
-    }
-
-    fn refusal(reason: &'static str, message: String) -> Self {
-        Outcome { code: Code::of_reason(reason), message, encoded: false, data: None, reason, retry_after: None }
-    }
 }
 
 /// A refusal's `error` member (its message, whole).
@@ -170,29 +128,15 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>) -> Respons
                 request_id: call.request_id.clone(),
                 message,
             });
-            // sidecar.serving.request's message for the same bug on the Python side.
-            let message = format!(
-                "the sidecar failed while answering this request (panic); this is a bug in the sidecar: its log \
-                 has the panic's message under request id {}",
-                call.request_id
-            );
+            let message = panic_refusal(&call.request_id);
             Outcome::refusal("internal_error", message)
         }
     };
     drop(abort);
     unanswered.answered = true;
     finish(&front, &call, &outcome);
-    let mut metadata: Vec<(&'static str, String)> = vec![("x-request-id", call.request_id.clone())];
-    if !outcome.reason.is_empty() {
-        metadata.push(("x-sidecar-reason", outcome.reason.to_owned()));
-    }
-    if let Some(seconds) = outcome.retry_after {
-        metadata.push(("grpc-retry-pushback-ms", (seconds * 1000).to_string()));
-    }
-    wire::answer(outcome.code, &outcome.message, outcome.encoded, outcome.data, &metadata)
+    outcome.response(call.request_id.clone())
 }
-
-struct AbortOnDrop(tokio::task::AbortHandle);
 
 /// A call whose client left before its answer (it reset the stream, or its deadline passed while
 /// the call was held for a heal): counted and logged CANCELLED `client_disconnected` when `serve`
@@ -209,12 +153,6 @@ impl Drop for Unanswered<'_> {
             let message = "the client closed the call before its answer".to_owned();
             finish(self.front, self.call, &Outcome::refusal("client_disconnected", message));
         }
-    }
-}
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
@@ -363,7 +301,7 @@ async fn answer(front: Arc<GrpcFront>, call: Arc<Call>) -> Outcome {
     let admitting = Admitting { protocol: "grpc", model, version: &call.version };
     let lane = match lane::admitted_on(shared, admitting, call.lane.stale, &call.span).await {
         Ok(fresh) => fresh.unwrap_or_else(|| call.lane.clone()),
-        Err(refused) => return Outcome::refused(refused),
+        Err(refused) => return Outcome::of_reply(refused),
     };
     let lane = &lane;
     let checked = infer_document(&call.request).and_then(|(body, header_length)| {
@@ -378,7 +316,7 @@ async fn answer(front: Arc<GrpcFront>, call: Arc<Call>) -> Outcome {
     }
     let permit = match lane::slot(shared, &lane.breaker, model, "grpc").await {
         Ok(permit) => permit,
-        Err(refused) => return Outcome::refused(refused),
+        Err(refused) => return Outcome::of_reply(refused),
     };
     call.span.phase("breaker wait");
     let _at_triton = AtTriton::new(shared, model);
@@ -396,7 +334,7 @@ async fn answer(front: Arc<GrpcFront>, call: Arc<Call>) -> Outcome {
                 }
                 if let Some(reply) = lane::ended_at_triton(shared, model, &call.version) {
                     drop(permit);
-                    return Outcome::refused(reply);
+                    return Outcome::of_reply(reply);
                 }
             }
         }
@@ -404,8 +342,8 @@ async fn answer(front: Arc<GrpcFront>, call: Arc<Call>) -> Outcome {
     drop(permit);
     call.span.phase("upstream call");
     match outcome {
-        Err(_) => Outcome::refused(lane::upstream_refusal(shared, model, Failure::Timeout)),
-        Ok(Err(failure)) => Outcome::refused(lane::upstream_refusal(shared, model, failure)),
+        Err(_) => Outcome::of_reply(lane::upstream_refusal(shared, model, Failure::Timeout)),
+        Ok(Err(failure)) => Outcome::of_reply(lane::upstream_refusal(shared, model, failure)),
         Ok(Ok(answer)) => {
             let judged = judge(&front, &call, lane, answer);
             call.span.phase("screening");
@@ -429,14 +367,7 @@ fn judge(front: &GrpcFront, call: &Call, lane: &Lane, answer: UnaryAnswer) -> Ou
         let detail = cut(&wire::percent_decode(&answer.message), 300);
         let detail = if detail.is_empty() { answer.status.1.to_owned() } else { detail };
         if answer.status.is_clients() {
-            return Outcome {
-                code: answer.status,
-                message: answer.message,
-                encoded: true,
-                data: None,
-                reason: "",
-                retry_after: None,
-            };
+            return Outcome::triton(answer.status, answer.message);
         }
         let failure = match answer.status.0 {
             14 => Failure::Unreachable(detail),
@@ -455,7 +386,7 @@ fn judge(front: &GrpcFront, call: &Call, lane: &Lane, answer: UnaryAnswer) -> Ou
                 return Outcome::refusal("triton_error", message);
             }
         };
-        return Outcome::refused(lane::upstream_refusal(shared, model, failure));
+        return Outcome::of_reply(lane::upstream_refusal(shared, model, failure));
     }
     if lane.hidden.is_none() && !lane.check_non_finite {
         shared.events.push(Event::Answered { model: model.to_owned(), count: 1 });
@@ -468,7 +399,7 @@ fn judge(front: &GrpcFront, call: &Call, lane: &Lane, answer: UnaryAnswer) -> Ou
         Ok(response) => response,
         Err(e) => {
             let message = format!("model {model}: not a ModelInferResponse: {}", cut(&e, 120));
-            return Outcome::refused(lane::failed(shared, model, "bad_answer", "triton_bad_answer", 502, message));
+            return Outcome::of_reply(lane::failed(shared, model, "bad_answer", "triton_bad_answer", 502, message));
         }
     };
     let (dropped, non_finite) = screen(lane, &mut response);

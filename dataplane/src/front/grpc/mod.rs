@@ -31,6 +31,7 @@ pub mod document;
 pub mod health;
 pub mod infer;
 pub mod messages;
+pub mod outcome;
 pub mod reflection;
 pub mod stream;
 pub mod unary;

@@ -58,6 +58,7 @@ use crate::serving::validation::validate_infer_request;
 use super::document::infer_document;
 use super::infer::{refusal_message, screen};
 use super::messages::{ModelInferRequest, ModelInferResponse, ModelStreamInferResponse};
+use super::outcome::{panic_refusal, trailing_metadata, AbortOnDrop};
 use super::wire::{self, Code, Deframed, Deframer, GrpcBody};
 use super::GrpcFront;
 
@@ -215,12 +216,7 @@ async fn supervise(front: Arc<GrpcFront>, call: Arc<Call>, requests: Requests, t
     let shared = &front.shared;
     shared.metrics.internal_errors.inc(&["grpc", call.model.as_str()]);
     shared.events.push(Event::GrpcPanic { model: call.model.clone(), request_id: call.request_id.clone(), message });
-    let message = format!(
-        "the sidecar failed while answering this request (panic); this is a bug in the sidecar: its log has the \
-         panic's message under request id {}",
-        call.request_id
-    );
-    let ending = Ending::new("internal_error", message);
+    let ending = Ending::new("internal_error", panic_refusal(&call.request_id));
     finish(shared, &call, &ending.code, &ending.reason, &ending.message, 0);
     let _ = tx.send(Frame::trailers(trailers(&call, Some(&ending)))).await;
 }
@@ -293,9 +289,13 @@ async fn run(front: Arc<GrpcFront>, call: Arc<Call>, requests: Requests, tx: mps
     let mut published = shared.published.subscribe();
     let (to_triton, request_body) = mpsc::channel(QUEUE_BATCHES);
     let (from_triton_tx, mut from_triton) = mpsc::channel(UPSTREAM_AHEAD);
-    let upstream = AbortOnDrop(tokio::spawn(triton_side(front.clone(), call.clone(), request_body, from_triton_tx)));
+    let upstream = AbortOnDrop(
+        tokio::spawn(triton_side(front.clone(), call.clone(), request_body, from_triton_tx)).abort_handle(),
+    );
     let (notes_tx, mut notes) = mpsc::unbounded_channel();
-    let reader = AbortOnDrop(tokio::spawn(read_requests(front.clone(), call.clone(), requests, to_triton, notes_tx)));
+    let reader = AbortOnDrop(
+        tokio::spawn(read_requests(front.clone(), call.clone(), requests, to_triton, notes_tx)).abort_handle(),
+    );
     let mut record = Record { shared, call: &call, events: 0, bytes: 0, joined: false, done: false };
     let mut joined: Vec<String> = Vec::new();
     let mut slots: Vec<Slot> = Vec::new();
@@ -825,15 +825,10 @@ fn trailers(call: &Call, ending: Option<&Ending>) -> HeaderMap {
         None => wire::trailers(wire::OK, ""),
         Some(ending) => wire::trailers(ending.code, &ending.message),
     };
-    let mut metadata: Vec<(&'static str, String)> = vec![("x-request-id", call.request_id.clone())];
-    if let Some(ending) = ending {
-        if !ending.reason.is_empty() {
-            metadata.push(("x-sidecar-reason", ending.reason.clone()));
-        }
-        if let Some(seconds) = ending.retry_after {
-            metadata.push(("grpc-retry-pushback-ms", (seconds * 1000).to_string()));
-        }
-    }
+    let metadata = match ending {
+        None => trailing_metadata(call.request_id.clone(), "", None),
+        Some(ending) => trailing_metadata(call.request_id.clone(), &ending.reason, ending.retry_after),
+    };
     for (key, value) in metadata {
         if let Ok(value) = HeaderValue::from_str(&value) {
             trailers.append(HeaderName::from_static(key), value);
@@ -921,15 +916,6 @@ fn finish(shared: &Shared, call: &Call, code: &Code, reason: &str, message: &str
             client_subject: call.client_subject.clone(),
         };
         shared.events.push(Event::GrpcLog { record, code: code.1 });
-    }
-}
-
-/// A task aborted when its owner drops it (the stream's end, or its task dropped).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

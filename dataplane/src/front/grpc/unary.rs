@@ -43,9 +43,10 @@ use crate::front::upstream::Failure;
 use crate::protocol::pytext::cut;
 
 use super::channel;
-use super::infer::{read_call, refusal_message};
+use super::infer::read_call;
 use super::messages::{ModelMetadataResponse, ModelRequest, ServerMetadataResponse, Verdict};
-use super::wire::{self, Code, GrpcBody};
+use super::outcome::{panic_refusal, AbortOnDrop, Outcome};
+use super::wire::{self, GrpcBody};
 use super::GrpcFront;
 
 const SERVICE: &str = "inference.GRPCInferenceService";
@@ -100,49 +101,9 @@ pub fn rpc(path: &str) -> Option<Rpc> {
     RPCS.iter().find(|(_, n, _)| *n == name).map(|&(method, name, kind)| Rpc { method, name, kind })
 }
 
-/// How a call ends: its status, message and the trailing metadata that goes with it.
-struct Outcome {
-    code: Code,
-    message: String,
-    /// `message` is Triton's grpc-message as it came (already percent-encoded).
-    encoded: bool,
-    /// The answer, framed (OK only).
-    data: Option<Bytes>,
-    reason: &'static str,
-    retry_after: Option<u64>,
-    /// A refusal before Triton was asked: counted in the rejections as well.
-    rejected: bool,
-}
-
-impl Outcome {
-    fn ok(data: Bytes) -> Self {
-        Outcome {
-            code: wire::OK,
-            message: String::new(),
-            encoded: false,
-            data: Some(data),
-            reason: "",
-            retry_after: None,
-            rejected: false,
-        }
-    }
-
-    fn verdict(yes: bool) -> Self {
-        Outcome::ok(wire::frame(&Verdict { yes }.encode_to_vec()))
-    }
-
-    /// A refusal of the sidecar's own before Triton is asked.
-    fn refused(reason: &'static str, message: String) -> Self {
-        Outcome {
-            code: Code::of_reason(reason),
-            message,
-            encoded: false,
-            data: None,
-            reason,
-            retry_after: None,
-            rejected: true,
-        }
-    }
+/// A readiness verdict (ServerLive, ServerReady, ModelReady) as its answer.
+fn verdict(yes: bool) -> Outcome {
+    Outcome::ok(wire::frame(&Verdict { yes }.encode_to_vec()))
 }
 
 /// What the filter does to Triton's answer.
@@ -181,11 +142,11 @@ fn resolve(docs: &Documents, model: &str, version: &str) -> Option<Resolved> {
     }
     if !docs.models.contains_key(model) {
         let message = documents::unknown_model_message(model, &docs.served);
-        return Some(Resolved::Unknown(Outcome::refused("unknown_model", message)));
+        return Some(Resolved::Unknown(Outcome::rejection("unknown_model", message)));
     }
     if !version.is_empty() && !documents::is_version(version) {
         let message = documents::not_a_version_message(model, version);
-        return Some(Resolved::NotAVersion(Outcome::refused("unknown_model", message)));
+        return Some(Resolved::NotAVersion(Outcome::rejection("unknown_model", message)));
     }
     Some(Resolved::Guarded)
 }
@@ -201,21 +162,21 @@ fn plan(front: &GrpcFront, rpc: Rpc, body: &Bytes) -> Option<(String, Plan)> {
         Kind::Control => {
             // grpc_server.py's _control: the method's name in http_routes.forbidden's words.
             let message = documents::forbidden_message(rpc.method);
-            return Some((server, Plan::Answer(Outcome::refused("forbidden_endpoint", message))));
+            return Some((server, Plan::Answer(Outcome::rejection("forbidden_endpoint", message))));
         }
         Kind::ServerLive => {
             let live = snapshot.health.get("/v2/health/live")?;
             if stalled() {
                 return None;
             }
-            return Some((server, Plan::Answer(Outcome::verdict(live.status == 200))));
+            return Some((server, Plan::Answer(verdict(live.status == 200))));
         }
         Kind::ServerReady => {
             let ready = *snapshot.serving.as_ref()?.get("")?;
             if stalled() {
                 return None;
             }
-            return Some((server, Plan::Answer(Outcome::verdict(ready))));
+            return Some((server, Plan::Answer(verdict(ready))));
         }
         _ => {}
     }
@@ -224,7 +185,7 @@ fn plan(front: &GrpcFront, rpc: Rpc, body: &Bytes) -> Option<(String, Plan)> {
         return Some((server, Plan::Triton { model: String::new(), filter: Filter::Extensions(docs) }));
     }
     if rpc.kind == Kind::ModelStatistics && !docs.allow_statistics {
-        let refused = Outcome::refused("forbidden_endpoint", documents::STATISTICS_OFF.to_owned());
+        let refused = Outcome::rejection("forbidden_endpoint", documents::STATISTICS_OFF.to_owned());
         return Some((server, Plan::Answer(refused)));
     }
     let request = ModelRequest::decode(wire::single_message(body)?).ok()?;
@@ -244,7 +205,7 @@ fn plan(front: &GrpcFront, rpc: Rpc, body: &Bytes) -> Option<(String, Plan)> {
                 return None;
             }
             if snapshot.serving.as_ref().and_then(|serving| serving.get(&model)) == Some(&false) {
-                return Some((model, Plan::Answer(Outcome::verdict(false))));
+                return Some((model, Plan::Answer(verdict(false))));
             }
             Filter::None
         }
@@ -343,12 +304,7 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>, rpc: Rpc) 
                         request_id: request_id.clone(),
                         message,
                     });
-                    // sidecar.serving.request's message for the same bug on the Python side.
-                    let message = format!(
-                        "the sidecar failed while answering this request (panic); this is a bug in the sidecar: \
-                         its log has the panic's message under request id {request_id}"
-                    );
-                    Outcome { rejected: false, ..Outcome::refused("internal_error", message) }
+                    Outcome::refusal("internal_error", panic_refusal(&request_id))
                 }
             }
         }
@@ -356,22 +312,7 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>, rpc: Rpc) 
     scope.finish(&outcome);
     drop(scope);
     drop(counted);
-    let mut metadata: Vec<(&'static str, String)> = vec![("x-request-id", request_id)];
-    if !outcome.reason.is_empty() {
-        metadata.push(("x-sidecar-reason", outcome.reason.to_owned()));
-    }
-    if let Some(seconds) = outcome.retry_after {
-        metadata.push(("grpc-retry-pushback-ms", (seconds * 1000).to_string()));
-    }
-    wire::answer(outcome.code, &outcome.message, outcome.encoded, outcome.data, &metadata)
-}
-
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+    outcome.response(request_id)
 }
 
 /// One call answered here, from its span's opening to its count: counted and logged once, when
@@ -432,7 +373,7 @@ impl Drop for Scope<'_> {
     fn drop(&mut self) {
         if !self.done {
             let message = "the client closed the call before its answer".to_owned();
-            self.finish(&Outcome { rejected: false, ..Outcome::refused("client_disconnected", message) });
+            self.finish(&Outcome::refusal("client_disconnected", message));
         }
     }
 }
@@ -461,15 +402,7 @@ async fn ask(front: Arc<GrpcFront>, asked: Asked) -> Option<Outcome> {
     };
     if answer.status != wire::OK {
         if answer.status.is_clients() {
-            return Some(Outcome {
-                code: answer.status,
-                message: answer.message,
-                encoded: true,
-                data: None,
-                reason: "",
-                retry_after: None,
-                rejected: false,
-            });
+            return Some(Outcome::triton(answer.status, answer.message));
         }
         let detail = cut(&wire::percent_decode(&answer.message), 300);
         let detail = if detail.is_empty() { answer.status.1.to_owned() } else { detail };
@@ -480,7 +413,7 @@ async fn ask(front: Arc<GrpcFront>, asked: Asked) -> Option<Outcome> {
             _ => {
                 // ServingCore.upstream_refusal of a SERVER_ERROR without an HTTP status.
                 let message = format!("Triton answered with an error for model {model}: {detail}");
-                return Some(Outcome { rejected: false, ..Outcome::refused("triton_error", message) });
+                return Some(Outcome::refusal("triton_error", message));
             }
         };
         return Some(upstream_refusal(&front, model, failure));
@@ -516,15 +449,7 @@ async fn ask(front: Arc<GrpcFront>, asked: Asked) -> Option<Outcome> {
 /// document's (HTTP's words, the gRPC code of the reason; no passive signal).
 fn upstream_refusal(front: &GrpcFront, model: &str, failure: Failure) -> Outcome {
     let reply = documents_refusal(&front.shared, model, failure);
-    Outcome {
-        code: Code::of_reason(reply.reason),
-        message: refusal_message(&reply.body),
-        encoded: false,
-        data: None,
-        reason: reply.reason,
-        retry_after: reply.retry_after,
-        rejected: false,
-    }
+    Outcome::of_reply(reply)
 }
 
 /// A ModelMetadataResponse without its hidden outputs (hide_in_metadata's rule): the message
