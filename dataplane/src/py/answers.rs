@@ -19,23 +19,12 @@ type DecodedTuple<'py> = (Option<String>, Vec<(String, String, Vec<i64>, Bound<'
 #[pyfunction]
 #[pyo3(signature = (body, header_length))]
 fn decode_answer<'py>(py: Python<'py>, body: &[u8], header_length: Option<i64>) -> PyResult<DecodedTuple<'py>> {
-    let answer = answers::decode(body, header_length).map_err(|e| AnswerNotV2::new_err(e.0))?;
-    let mut outputs = Vec::with_capacity(answer.outputs.len());
-    for output in answer.outputs {
-        let values = match output.values {
-            Values::Binary { start, end } if output.datatype == "BYTES" => {
-                let elements = answers::bytes_elements(&body[start..end]).map_err(|e| AnswerNotV2::new_err(e.0))?;
-                PyList::new(py, elements.into_iter().map(|e| PyBytes::new(py, e)))?.into_any()
-            }
-            Values::Binary { start, end } => {
-                (None::<&str>, PyBytes::new(py, &body[start..end])).into_bound_py_any(py)?
-            }
-            Values::Numbers { dtype, bytes } => (Some(dtype), PyBytes::new(py, &bytes)).into_bound_py_any(py)?,
-            Values::Texts(texts) => PyList::new(py, texts)?.into_any(),
-        };
-        outputs.push((output.name, output.datatype, output.shape, values));
-    }
-    Ok((answer.model_version, outputs))
+    decoded(py, body, header_length, |_, _, values| match values {
+        Values::Binary { start, end } => (None::<&str>, PyBytes::new(py, &body[start..end])).into_bound_py_any(py),
+        Values::Numbers { dtype, bytes } => (Some(dtype), PyBytes::new(py, &bytes)).into_bound_py_any(py),
+        // Never here: `decoded` makes texts a list itself.
+        Values::Texts(texts) => Ok(PyList::new(py, texts)?.into_any()),
+    })
 }
 
 /// Decode a 200 infer answer as the health loop compares it (golden::compare), without numpy:
@@ -45,22 +34,33 @@ fn decode_answer<'py>(py: Python<'py>, body: &[u8], header_length: Option<i64>) 
 #[pyfunction]
 #[pyo3(signature = (body, header_length))]
 fn read_answer<'py>(py: Python<'py>, body: &[u8], header_length: Option<i64>) -> PyResult<DecodedTuple<'py>> {
+    decoded(py, body, header_length, |name, datatype, numbers| {
+        let floats = answers::numbers_as_f64(datatype, &numbers, body)
+            .map_err(|e| AnswerNotV2::new_err(format!("output {name}: {}", e.0)))?;
+        Ok(PyBytes::new(py, &floats.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>()).into_any())
+    })
+}
+
+/// The answer's outputs, BYTES as lists (the one rule of both functions above), numbers as
+/// `numbers` makes them of (name, datatype, values).
+fn decoded<'py>(
+    py: Python<'py>,
+    body: &[u8],
+    header_length: Option<i64>,
+    numbers: impl Fn(&str, &str, Values) -> PyResult<Bound<'py, PyAny>>,
+) -> PyResult<DecodedTuple<'py>> {
     let answer = answers::decode(body, header_length).map_err(|e| AnswerNotV2::new_err(e.0))?;
     let mut outputs = Vec::with_capacity(answer.outputs.len());
-    for output in answer.outputs {
-        let values = match output.values {
-            Values::Binary { start, end } if output.datatype == "BYTES" => {
+    for answers::Output { name, datatype, shape, values } in answer.outputs {
+        let values = match values {
+            Values::Binary { start, end } if datatype == "BYTES" => {
                 let elements = answers::bytes_elements(&body[start..end]).map_err(|e| AnswerNotV2::new_err(e.0))?;
                 PyList::new(py, elements.into_iter().map(|e| PyBytes::new(py, e)))?.into_any()
             }
             Values::Texts(texts) => PyList::new(py, texts)?.into_any(),
-            numbers => {
-                let floats = answers::numbers_as_f64(&output.datatype, &numbers, body)
-                    .map_err(|e| AnswerNotV2::new_err(format!("output {}: {}", output.name, e.0)))?;
-                PyBytes::new(py, &floats.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>()).into_any()
-            }
+            other => numbers(&name, &datatype, other)?,
         };
-        outputs.push((output.name, output.datatype, output.shape, values));
+        outputs.push((name, datatype, shape, values));
     }
     Ok((answer.model_version, outputs))
 }
