@@ -32,7 +32,8 @@ class ConfigError(ValueError):
 class TritonSection:
     #: Triton's HTTP endpoint inside the pod (loopback: its ports never leave the pod).
     url: str = "http://127.0.0.1:8000"
-    #: Triton's gRPC endpoint inside the pod (host:port, loopback), for the gRPC front.
+    #: Triton's gRPC endpoint inside the pod (host:port, loopback), for the gRPC front and heals'
+    #: loads and unloads (a load over HTTP stalls the connections sharing its worker in Triton).
     grpc_url: str = "127.0.0.1:8001"
     #: Upper bound (s) on one metadata/repository call; probes have their own, shorter bound.
     timeout_s: float = 5.0

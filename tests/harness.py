@@ -63,7 +63,9 @@ async def wait_for(predicate: Callable[[], Any], timeout: float, interval: float
 
 
 def triton_post(triton: LocalTriton, path: str, body: dict | None = None) -> tuple[int, Any]:
-    request = urllib.request.Request(f"{triton.url}{path}", data=json.dumps(body or {}).encode(), method="POST")
+    headers = dict([triton.restricted_repository_header]) if triton.restricted_repository_header else {}
+    request = urllib.request.Request(f"{triton.url}{path}", data=json.dumps(body or {}).encode(), method="POST",
+                                     headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             raw = response.read()
@@ -124,6 +126,10 @@ class FreshModel:
         (self.path / "1" / "fault").write_text(kind)
         for pid in self.stubs():
             os.kill(pid, signal.SIGUSR1)
+
+    def load_slowly(self, seconds: float) -> None:
+        """Make every future load take `seconds` more (initialize() waits them out)."""
+        (self.path / "1" / "load_delay_s").write_text(str(seconds))
 
     def break_files(self) -> None:
         """Make every future load fail: the model file no longer imports."""

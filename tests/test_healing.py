@@ -3,15 +3,21 @@ readiness drop during the heal while liveness stays up."""
 
 from __future__ import annotations
 
+import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
+from tritonclient.grpc import InferenceServerClient as GrpcClient
+from tritonclient.utils import InferenceServerException
 
+from sidecar.devtools.tritonserver import LocalTriton
 from sidecar.fronts.appkeys import STATES
 from sidecar.health.triton_client import TritonClient
 from sidecar.states import ModelState
+from tests.conftest import EXAMPLE_MODELS, _repository_copy
 from tests.harness import (
     FAST_PROBES,
     SLACK_S,
@@ -20,6 +26,7 @@ from tests.harness import (
     sidecar_config,
     wait_for,
 )
+from tests.proxy_support import credit_json
 
 pytestmark = pytest.mark.fault
 
@@ -229,3 +236,80 @@ async def test_a_stub_triton_declares_dead_skips_the_failure_threshold(triton, f
     assert late or final, [e["event"] for e in logs]
     assert sidecar.app[STATES].get(model).consecutive_failures < 5
     assert "not healthy" in unhealthy.cause, unhealthy.cause
+
+
+#: The slow load of the two tests below: long enough that a stall behind it is unmistakable next to
+#: the probes' 1.5 s bound and the requests' latency.
+SLOW_LOAD_S = 4.0
+REPOSITORY_KEY = ("triton-repository-key", "s3cret-for-the-test")
+
+
+@pytest.fixture
+def one_http_worker_triton(tmp_path: Path) -> Iterator[LocalTriton]:
+    """A Triton whose HTTP server has one worker thread, and whose repository API (HTTP and gRPC)
+    demands a header, as the k8s manifests' does. Triton runs an HTTP load on the worker that
+    received it and stalls every connection that worker holds until the load ends (Triton issue
+    #8958): with one worker, a load over HTTP stalls all of them; with the default eight, the ones that
+    happen to share its worker."""
+    server = LocalTriton(model_repository=_repository_copy(tmp_path), models=EXAMPLE_MODELS,
+                         workdir=tmp_path / "work", restricted_repository_header=REPOSITORY_KEY,
+                         extra_args=["--http-thread-count=1"])
+    server.start()
+    yield server
+    server.stop(grace_s=3)
+
+
+async def test_a_slow_heal_stalls_no_probe_or_request_of_the_other_models(one_http_worker_triton, tmp_path, start):
+    triton = one_http_worker_triton
+    fresh_model = FreshModel.create(triton, tmp_path / "scratch")
+    model = fresh_model.name
+    header, token = REPOSITORY_KEY
+    sidecar = await start(sidecar_config(triton, models=[model, "credit_risk"], golden_dir=fresh_model.golden_dir,
+                                         triton={"repository_header": header, "repository_token": token}))
+    for name in (model, "credit_risk"):
+        await wait_for(lambda name=name: sidecar.state(name) is ModelState.HEALTHY, 20, what=f"{name} HEALTHY")
+    fresh_model.load_slowly(SLOW_LOAD_S)
+    fresh_model.inject("nan")
+    healing = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.HEALING), DETECT_BOUND_S + 5,
+                             what=f"{model} HEALING")
+
+    # Requests to the healthy model, one after another, through the sidecar for as long as the heal lasts.
+    latencies = []
+    deadline = time.monotonic() + HEAL_BOUND_S
+    while sidecar.first_transition_to(model, ModelState.HEALTHY, after=healing.at) is None:
+        assert time.monotonic() < deadline, f"{model} not healed within {HEAL_BOUND_S} s"
+        sent = time.monotonic()
+        async with sidecar.session.post(f"{sidecar.url}/v2/models/credit_risk/infer", json=credit_json()) as answer:
+            assert answer.status == 200, await answer.text()
+            await answer.read()
+        latencies.append(time.monotonic() - sent)
+    healed = sidecar.first_transition_to(model, ModelState.HEALTHY, after=healing.at)
+
+    assert healed.at - healing.at >= SLOW_LOAD_S, "the heal's load was not the slow one this test needs"
+    assert len(latencies) >= 20, latencies
+    # Over HTTP, the requests that arrived during the load waited for the whole of it (4 s).
+    assert max(latencies) < 1.0, f"a request to credit_risk waited {max(latencies):.2f} s during the heal"
+    assert sidecar.first_transition_to("credit_risk", ModelState.UNHEALTHY, ModelState.DEGRADED) is None
+    assert sidecar.metric("triton_sidecar_heal_attempts_total", model=model, result="success") == 1
+    # The heal was let in by the header: without it, Triton's gRPC port refuses a load.
+    with pytest.raises(InferenceServerException, match="restricted"):
+        GrpcClient(f"127.0.0.1:{triton.ports.grpc}").load_model(model)
+
+
+async def test_heals_go_over_http_where_tritons_grpc_port_takes_no_repository_call(triton, fresh_model, start):
+    with socket.socket() as closed:  # a port nobody listens on: the gRPC call is refused, nothing sent
+        closed.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{closed.getsockname()[1]}"
+    sidecar = await start(sidecar_config(triton, models=[fresh_model.name], golden_dir=fresh_model.golden_dir,
+                                         triton={"grpc_url": nowhere}))
+    model = fresh_model.name
+    await wait_for(lambda: sidecar.state(model) is ModelState.HEALTHY, 20, what=f"{model} HEALTHY")
+    with capture_logs() as logs:
+        fresh_model.inject("nan")
+        detected = await wait_for(lambda: sidecar.first_transition_to(model, ModelState.HEALING), DETECT_BOUND_S + 5,
+                                  what=f"{model} HEALING")
+        await wait_for(lambda: sidecar.first_transition_to(model, ModelState.HEALTHY, after=detected.at),
+                       HEAL_BOUND_S, what=f"{model} healed over HTTP")
+    told = [e for e in logs if e["event"] == "repository_calls_over_http"]
+    assert len(told) == 1 and "unload" in told[0]["cause"], told  # said once, naming what did not go
+    assert sidecar.metric("triton_sidecar_heal_attempts_total", model=model, result="success") == 1

@@ -368,6 +368,8 @@ def test_triton_listens_on_loopback_and_guards_its_repository_api(objects: tuple
     header = settings["triton"]["repository_header"]
     assert header, "sidecar.yaml must name the repository header Triton demands"
     assert one_flag(flags, "--http-restricted-api") == f"model-repository:{header}=$(REPOSITORY_TOKEN)"
+    # Heals load over gRPC (docs/how-it-works.md): that port's repository calls need the header too.
+    assert one_flag(flags, "--grpc-restricted-protocol") == f"model-repository:{header}=$(REPOSITORY_TOKEN)"
     # Triton's token and the sidecar's come from the same Secret key.
     sources = {}
     for c, variable in ((container(spec, TRITON), "REPOSITORY_TOKEN"),

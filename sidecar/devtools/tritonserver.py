@@ -167,6 +167,7 @@ class LocalTriton:
         if self.restricted_repository_header:
             key, value = self.restricted_repository_header
             cmd.append(f"--http-restricted-api=model-repository:{key}={value}")
+            cmd.append(f"--grpc-restricted-protocol=model-repository:{key}={value}")
         cmd += [f"--load-model={name}" for name in self.models]
         cmd += self.extra_args
         return cmd

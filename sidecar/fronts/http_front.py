@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import socket
@@ -56,7 +57,7 @@ from aiohttp import web
 from sidecar import __version__
 from sidecar._dataplane import HttpFront as NativeFront
 from sidecar.config import ConfigError, TracingSection
-from sidecar.fronts.appkeys import CONFIG, GRPC_BACK_PORT, HEARTBEATS, LIFECYCLE, SERVING, STATES, TLS, WATCH
+from sidecar.fronts.appkeys import CONFIG, GRPC_BACK_PORT, HEARTBEATS, LIFECYCLE, SERVING, STATES, TLS, TRITON, WATCH
 from sidecar.fronts.http_listener import SidecarListener
 from sidecar.fronts.http_routes import (
     exposed_extension_names,
@@ -144,6 +145,10 @@ class HttpFront:
         self._wake: socket.socket | None = None
         #: listen.grpc_port as bound by the data plane's gRPC front (listen.grpc_front: rust), else 0.
         self.grpc_port = 0
+        #: Repository calls sent to Triton's gRPC port by the front (`repository_call`), by number,
+        #: until their end comes up as an event.
+        self._repository_calls: dict[int, asyncio.Future[tuple[int, str, str]]] = {}
+        self._call_numbers = itertools.count(1)
 
     @property
     def core(self) -> ServingCore:
@@ -209,6 +214,9 @@ class HttpFront:
         self.core.add_change_listener(self.publish)
         self.core.specs.add_cached_listener(lambda _model, _version: self.publish())
         self._tick = asyncio.create_task(self._run_tick(), name="http-front-tick")
+        # A heal's load and unload go to Triton's gRPC port through the front from now on (a load over
+        # HTTP stalls the connections that share its worker thread in Triton: repository_call).
+        self.app[TRITON].send_repository_calls_through(self.repository_call)
         self._wake = socket.socket(fileno=self._native.wake_fd())
         self._wake.setblocking(False)
         asyncio.get_running_loop().add_reader(self._wake.fileno(), self._woken)
@@ -303,6 +311,8 @@ class HttpFront:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self._native is not None:
+            self.app[TRITON].send_repository_calls_through(None)
         if self._wake is not None:  # once: a second close (a shutdown racing a test's stop) has nothing to do
             asyncio.get_running_loop().remove_reader(self._wake.fileno())
             self._wake.close()
@@ -314,7 +324,34 @@ class HttpFront:
                 requests.spans = requests.spans.before
             await asyncio.to_thread(self._native.close)
             self._drain_events()
+        for waiting in self._repository_calls.values():  # a heal cut short by the shutdown
+            if not waiting.done():
+                waiting.set_result((0, "dropped", "the sidecar is shutting down"))
         await self.back.close()
+
+    async def repository_call(self, action: str, model: str, timeout_s: float) -> tuple[int, str, str]:
+        """A load or an unload ("load", "unload") of `model`, sent by the front to Triton's gRPC port
+        (triton.grpc_url) with the repository header, bounded by `timeout_s`: (HTTP status that says
+        the outcome, 0 without an answer; the gRPC code's name, or why no answer came: timeout,
+        unreachable, dropped; Triton's message). Triton's HTTP server would run the load on the
+        worker thread that received it and stall every connection that thread holds meanwhile
+        (dataplane/src/front/grpc/repository.rs); its gRPC port keeps them apart."""
+        native = self._native
+        if native is None or self._wake is None:
+            return 0, "unreachable", "the data plane's front is not running"
+        triton = self.app[CONFIG].triton
+        # Triton's --grpc-restricted-protocol looks for the header under this prefix (its HTTP
+        # counterpart, --http-restricted-api, under the bare name).
+        metadata = ([(f"triton-grpc-protocol-{triton.repository_header}", triton.repository_token)]
+                    if triton.repository_header else [])
+        number = next(self._call_numbers)
+        answered = asyncio.get_running_loop().create_future()
+        self._repository_calls[number] = answered
+        try:
+            native.repository_call(number, triton.grpc_url, action, model, metadata, timeout_s)
+            return await answered
+        finally:
+            self._repository_calls.pop(number, None)
 
     def _reload_tls(self, material: TlsMaterial) -> None:
         """A rotation: new handshakes on the front's ports (listen.port, and listen.grpc_port when it
@@ -578,6 +615,11 @@ class HttpFront:
             elif kind == "stream_ended":
                 _, model, reason, count, cause = event
                 log.warning("stream_ended", model=model, reason=reason, events=count, cause=cause)
+            elif kind == "repository":
+                _, number, status, code, message = event
+                answered = self._repository_calls.get(number)
+                if answered is not None and not answered.done():
+                    answered.set_result((status, code, message))
 
 
 class UpstreamStats:

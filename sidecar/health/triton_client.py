@@ -7,9 +7,13 @@ as one of two exceptions: `TritonUnavailable` (no answer: refused, reset, or `Tr
 Two transports, one timeout model (`_call`) and one way errors arrive. What every probe round sends
 (readiness, metadata, golden infer) goes over a pool of this client's own (sidecar.upstream, the
 proxy's client stack: about 0.2 ms less CPU per call than aiohttp's client, measured, and a round is
-six calls per model every 5 s; issue 18's idle budget). The rest (config, repository index, load,
-unload, generate streams) stays on one aiohttp session. The encoding and decoding of infer bodies
-are tritonclient's, redone without importing its HTTP client (sidecar.health.infer_body: binary
+six calls per model every 5 s; issue 18's idle budget). The rest (config, repository index, generate
+streams) stays on one aiohttp session. Loads and unloads go to Triton's gRPC port through the data
+plane's front when it runs (`send_repository_calls_through`): Triton's HTTP server runs a load on the
+worker thread that received it and stalls every other connection that thread holds for the whole
+load (Triton issue #8958), probes of healthy models and proxied requests among them. Without the
+front (the CLI), or where the gRPC port does not serve them, they go over HTTP. The encoding and
+decoding of infer bodies are tritonclient's, redone without importing its HTTP client (sidecar.health.infer_body: binary
 tensors, JSON nulls read as NaN). Neither transport is shared with the proxy's traffic: a probe
 must reach Triton even while the proxy's pool is saturated.
 
@@ -21,12 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+import structlog
 
 from sidecar.golden.cases import GENERATE_STREAM, GoldenCase, ReceivedOutput
 from sidecar.health.infer_body import EncodeRefused, encode_request, read_answer
@@ -41,6 +46,13 @@ from sidecar.protocol.triton_errors import (
     triton_error,
 )
 from sidecar.upstream import UpstreamError, UpstreamPool
+
+log = structlog.get_logger("sidecar.triton")
+
+#: A repository call sent another way than this client's HTTP (HttpFront.repository_call): (action,
+#: model, timeout_s) to (HTTP status that says the outcome, 0 without an answer; the gRPC code's name
+#: or why there was no answer: timeout, unreachable, dropped; Triton's message).
+RepositoryCall = Callable[[str, str, float], Awaitable[tuple[int, str, str]]]
 
 
 @dataclass(frozen=True)
@@ -110,6 +122,14 @@ class TritonClient:
         #: Each call's own bound is `_call`'s timeout, whose cancellation aborts the connection; the
         #: pool's bound is only the outer one.
         self._pool = UpstreamPool(self.url, connect_timeout_s=timeout_s)
+        #: Where loads and unloads go instead of this client's HTTP (Triton's gRPC port, through the
+        #: data plane's front); None: over HTTP.
+        self._repository_call: RepositoryCall | None = None
+        self._told_over_http = False
+
+    def send_repository_calls_through(self, call: RepositoryCall | None) -> None:
+        """Send loads and unloads through `call` (None: over HTTP again)."""
+        self._repository_call = call
 
     async def close(self) -> None:
         await self._pool.close()
@@ -146,7 +166,7 @@ class TritonClient:
         (MLServer) refuse a POST without a JSON object (422), as tritonclient sends it."""
 
         async def post() -> list[dict[str, Any]]:
-            raw = await self._repository_call("/v2/repository/index", b"{}")
+            raw = await self._repository_post("/v2/repository/index", b"{}")
             index = json.loads(raw)
             if not isinstance(index, list):
                 raise TritonError(502, _cut(f"a repository index that is not a list: {raw[:100]!r}"))
@@ -155,14 +175,47 @@ class TritonClient:
         return await self._call(post(), timeout_s)
 
     async def load_model(self, model: str, timeout_s: float | None = None) -> None:
-        await self._call(self._repository_call(f"/v2/repository/models/{quote(model, safe='')}/load", b"{}"),
+        if await self._sent_elsewhere("load", model, timeout_s):
+            return
+        await self._call(self._repository_post(f"/v2/repository/models/{quote(model, safe='')}/load", b"{}"),
                          timeout_s)
 
     async def unload_model(self, model: str, timeout_s: float | None = None) -> None:
+        if await self._sent_elsewhere("unload", model, timeout_s):
+            return
         # As tritonclient sends it: the model's dependents (ensembles' steps) stay loaded.
         body = b'{"parameters": {"unload_dependents": false}}'
-        await self._call(self._repository_call(f"/v2/repository/models/{quote(model, safe='')}/unload", body),
+        await self._call(self._repository_post(f"/v2/repository/models/{quote(model, safe='')}/unload", body),
                          timeout_s)
+
+    async def _sent_elsewhere(self, action: str, model: str, timeout_s: float | None) -> bool:
+        """Send a load or an unload through `_repository_call`: True when it is done there (or raise
+        its failure as `_call` would); False when it must go over HTTP instead: no such route, the
+        gRPC port refused the connection (nothing was sent), or it does not serve repository calls
+        (UNIMPLEMENTED: not Triton's, never asked again)."""
+        send = self._repository_call
+        if send is None:
+            return False
+        bound = timeout_s or self.timeout_s
+        # The front's own bound ends the call first, with Triton's words; this one only guards the wait.
+        status, code, message = await self._call(send(action, model, bound), bound + 1.0)
+        if status == 200:
+            return True
+        if code == "unreachable" or code == "UNIMPLEMENTED":
+            if code == "UNIMPLEMENTED":
+                self._repository_call = None
+            if not self._told_over_http:
+                self._told_over_http = True
+                log.warning("repository_calls_over_http", model=model, action=action,
+                            cause=f"Triton's gRPC port did not take a {action}: {_cut(message or code)}; loads and "
+                                  "unloads go over its HTTP API, where each one stalls the requests that share "
+                                  "its worker thread for as long as it lasts")
+            return False
+        if code == "timeout":
+            raise TritonTimeout(_cut(message))
+        if status == 0:
+            raise TritonUnavailable(_cut(message))
+        raise triton_error(status, _cut(message))
 
     # -- the HTTP of the calls above ---------------------------------------------------------------------
 
@@ -183,7 +236,7 @@ class TritonClient:
             raise TritonError(502, _cut(f"a document that is not a JSON object: {raw[:100]!r}"))
         return doc
 
-    async def _repository_call(self, path: str, body: bytes) -> bytes:
+    async def _repository_post(self, path: str, body: bytes) -> bytes:
         """A repository call: the repository header goes with it (and only with these calls)."""
         async with self._session().post(self.url + path, data=body, headers=self._repository_headers) as response:
             raw = await response.read()

@@ -5,8 +5,15 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 
+use crate::front::grpc::repository::Outcome;
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
+    /// A repository call Python asked for (`HttpFront.repository_call`, numbered `call`) has ended.
+    Repository {
+        call: u64,
+        outcome: Outcome,
+    },
     /// `count` answers in a row from the model that were usable (a passive signal's reset).
     Answered {
         model: String,
@@ -110,7 +117,8 @@ impl Events {
             | Event::NonFinite { .. }
             | Event::Panic { .. }
             | Event::GrpcPanic { .. }
-            | Event::StreamEnded { .. } => true,
+            | Event::StreamEnded { .. }
+            | Event::Repository { .. } => true,
             // An access-log line (every failure, a sample of the rest: Python writes each one anyway)
             // is written as the request ends, not a tick later.
             Event::Log(_) | Event::GrpcLog { .. } => true,
@@ -136,7 +144,10 @@ impl Events {
             }
         }
         if queue.len() >= MAX_QUEUED {
-            queue.remove(0);
+            // The oldest event goes, but never a repository call's end: a heal waits for it.
+            if let Some(oldest) = queue.iter().position(|e| !matches!(e, Event::Repository { .. })) {
+                queue.remove(oldest);
+            }
         }
         queue.push(event);
     }
@@ -168,5 +179,19 @@ mod tests {
             ]
         );
         assert!(events.drain().is_empty());
+    }
+
+    #[test]
+    fn a_full_queue_drops_its_oldest_events_but_never_a_repository_calls_end() {
+        let events = Events::default();
+        let ended = Event::Repository { call: 7, outcome: Outcome { status: 200, code: "OK", message: String::new() } };
+        events.push(ended.clone());
+        for n in 0..MAX_QUEUED + 10 {
+            events.push(Event::Panic { model: format!("m{n}"), message: String::new() });
+        }
+        let drained = events.drain();
+        assert_eq!(drained.len(), MAX_QUEUED);
+        assert_eq!(drained[0], ended);
+        assert_eq!(drained[1], Event::Panic { model: "m11".into(), message: String::new() });
     }
 }

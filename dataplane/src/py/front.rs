@@ -20,7 +20,8 @@ use std::os::unix::net::UnixStream;
 
 use crate::front::documents::{Documents, Guarded};
 use crate::front::events::{Event, Events};
-use crate::front::grpc::{self, GrpcFront, GrpcSettings};
+use crate::front::grpc::channel::Channel;
+use crate::front::grpc::{self, repository, GrpcFront, GrpcSettings};
 use crate::front::settings::Settings;
 use crate::front::state::{Breaker, Canned, Ended, Guard, Lane, Snapshot};
 use crate::front::tls::{server_config, Terminator, TlsMaterial, ALPN_H2, ALPN_HTTP1};
@@ -136,6 +137,9 @@ pub struct HttpFront {
     workers: usize,
     /// The gRPC front on the same runtime (`serve_grpc`), once started.
     grpc: Mutex<Option<Arc<GrpcFront>>>,
+    /// The connection to Triton's gRPC port the health loop's repository calls go on
+    /// (`repository_call`), opened at the first.
+    repository: Mutex<Option<Arc<Channel>>>,
 }
 
 fn secs(value: f64, key: &str) -> PyResult<Duration> {
@@ -271,6 +275,7 @@ impl HttpFront {
             runtime,
             workers: workers.max(1),
             grpc: Mutex::new(None),
+            repository: Mutex::new(None),
         })
     }
 
@@ -373,6 +378,41 @@ impl HttpFront {
     fn grpc_counts(&self) -> (u64, u64) {
         let front = self.grpc.lock().ok().and_then(|g| g.clone());
         front.map(|f| (f.handovers.load(Ordering::Relaxed), f.served.load(Ordering::Relaxed))).unwrap_or((0, 0))
+    }
+
+    /// Send a repository call, `action` ("load" or "unload") of `model`, to Triton's gRPC port
+    /// `authority` ("host:port") with `metadata`, bounded by `timeout_s`
+    /// (front/grpc/repository.rs says why not over HTTP). Returns at once; its end comes as the
+    /// event ("repository", call, status, code, message).
+    fn repository_call(
+        &self,
+        call: u64,
+        authority: String,
+        action: String,
+        model: String,
+        metadata: Vec<(String, String)>,
+        timeout_s: f64,
+    ) -> PyResult<()> {
+        let bound = secs(timeout_s, "a repository call's timeout")?;
+        let channel = {
+            let mut slot =
+                self.repository.lock().map_err(|_| PyRuntimeError::new_err("repository channel poisoned"))?;
+            match slot.as_ref() {
+                Some(channel) if channel.authority() == authority => channel.clone(),
+                _ => {
+                    let channel = Arc::new(Channel::new(authority));
+                    *slot = Some(channel.clone());
+                    channel
+                }
+            }
+        };
+        let events = self.shared.events.clone();
+        self.runtime.spawn(async move {
+            let metadata: Vec<(&str, &str)> = metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let outcome = repository::call(&channel, &action, &model, &metadata, bound).await;
+            events.push(Event::Repository { call, outcome });
+        });
+        Ok(())
     }
 
     /// The descriptor Python's loop watches for urgent events (its owner from now on: call once).
@@ -558,7 +598,7 @@ impl HttpFront {
     /// duration_ms, reason, client_subject, span_id), ("panic", model, message), ("tls_refused", reason,
     /// client_subject, protocol), ("stream_ended", model, reason, events, cause), ("grpc_log", request_id,
     /// trace_id, model, path, code, duration_ms, reason, client_subject, span_id), ("grpc_panic", model,
-    /// request_id, message).
+    /// request_id, message), ("repository", call, status, code, message).
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.shared.watchdog.control_seen();
         let out = PyList::empty(py);
@@ -606,6 +646,9 @@ impl HttpFront {
                 }
                 Event::StreamEnded { model, reason, events, cause } => {
                     ("stream_ended", model, reason, events, cause).into_pyobject(py)?
+                }
+                Event::Repository { call, outcome } => {
+                    ("repository", call, outcome.status, outcome.code, outcome.message).into_pyobject(py)?
                 }
             };
             out.append(item)?;

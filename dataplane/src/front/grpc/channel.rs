@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::client::conn::http2::{self, SendRequest};
-use hyper::header::HeaderValue;
+use hyper::header::{HeaderName, HeaderValue};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 
@@ -107,7 +107,7 @@ impl Channel {
         path: &str,
         body: Bytes,
         bound: Duration,
-        metadata: &[(&'static str, &str)],
+        metadata: &[(&str, &str)],
     ) -> Result<UnaryAnswer, Failure> {
         tokio::time::timeout(bound, self.call(path, body, bound, metadata)).await.map_err(|_| Failure::Timeout)?
     }
@@ -117,7 +117,7 @@ impl Channel {
         path: &str,
         body: Bytes,
         bound: Duration,
-        metadata: &[(&'static str, &str)],
+        metadata: &[(&str, &str)],
     ) -> Result<UnaryAnswer, Failure> {
         let uri = format!("http://{}{}", self.authority, path)
             .parse::<hyper::Uri>()
@@ -133,8 +133,9 @@ impl Channel {
             headers.insert("grpc-timeout", value);
         }
         for (name, value) in metadata {
-            if let Ok(value) = HeaderValue::from_str(value) {
-                headers.insert(*name, value);
+            // A name the config gives (the repository header) is checked here, not trusted.
+            if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
+                headers.insert(name, value);
             }
         }
         let mut sender = self.sender().await.map_err(Failure::Unreachable)?;

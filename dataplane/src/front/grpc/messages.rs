@@ -180,3 +180,34 @@ pub struct ModelStreamInferResponse {
     #[prost(message, optional, tag = "2")]
     pub infer_response: Option<ModelInferResponse>,
 }
+
+/// A parameter of a repository call (`ModelRepositoryParameter`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RepositoryParameter {
+    #[prost(oneof = "RepositoryParameterChoice", tags = "1, 2, 3, 4")]
+    pub parameter_choice: Option<RepositoryParameterChoice>,
+}
+
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum RepositoryParameterChoice {
+    #[prost(bool, tag = "1")]
+    BoolParam(bool),
+    #[prost(int64, tag = "2")]
+    Int64Param(i64),
+    #[prost(string, tag = "3")]
+    StringParam(String),
+    #[prost(bytes = "bytes", tag = "4")]
+    BytesParam(Bytes),
+}
+
+/// `RepositoryModelLoadRequest` and `RepositoryModelUnloadRequest`: the .proto gives both the same
+/// fields (their answers are empty messages).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RepositoryModelRequest {
+    #[prost(string, tag = "1")]
+    pub repository_name: String,
+    #[prost(string, tag = "2")]
+    pub model_name: String,
+    #[prost(map = "string, message", tag = "3")]
+    pub parameters: HashMap<String, RepositoryParameter>,
+}

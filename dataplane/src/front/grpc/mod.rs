@@ -33,6 +33,7 @@ pub mod infer;
 pub mod messages;
 pub mod outcome;
 pub mod reflection;
+pub mod repository;
 pub mod stream;
 pub mod unary;
 pub mod wire;

@@ -74,6 +74,25 @@ impl Code {
 
     /// Triton's errors that are the client's to fix, passed on with Triton's code and words
     /// (grpc_server.py's _CLIENT_CODES).
+    /// The HTTP status that says the same (google.rpc's mapping), for callers that speak Triton's
+    /// HTTP API's terms (the health loop's repository calls).
+    pub fn http_status(self) -> u16 {
+        match self.0 {
+            0 => 200,
+            1 => 499,
+            3 | 9 | 11 => 400,
+            4 => 504,
+            5 => 404,
+            6 | 10 => 409,
+            7 => 403,
+            8 => 429,
+            12 => 501,
+            14 => 503,
+            16 => 401,
+            _ => 500,
+        }
+    }
+
     pub fn is_clients(self) -> bool {
         matches!(self.0, 3 | 5 | 9 | 11 | 12 | 6 | 7 | 16)
     }

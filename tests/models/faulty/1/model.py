@@ -12,6 +12,9 @@ On SIGUSR1 the stub reads `fault` next to this file and damages its own state ac
   client inputs never do) answers wrong once: a golden round that fails by chance while every client
   answer stays right (bench/hold_cost.py).
 A reload runs initialize() again in a fresh stub, which is what heals each of these.
+
+A file `load_delay_s` next to this one makes initialize() take that many seconds more: a heal whose
+load is slow (tests/test_healing.py, a load that must not stall the other models).
 """
 
 import signal
@@ -29,6 +32,9 @@ def _sigmoid(x):
 
 class TritonPythonModel:
     def initialize(self, args):
+        delay = Path(__file__).parent / "load_delay_s"
+        if delay.exists():
+            time.sleep(float(delay.read_text()))
         rng = np.random.default_rng(20261202)
         self.w = (rng.standard_normal(128) / np.sqrt(128)).astype(np.float32)
         self.v = (rng.standard_normal(128) / np.sqrt(128)).astype(np.float32)
