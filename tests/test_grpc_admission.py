@@ -287,6 +287,47 @@ async def test_unpinned_grpc_calls_go_to_the_trusted_version_while_the_newest_is
         assert entries.count == 0, f"{entries.count} entries into the Python request chain"
 
 
+async def test_a_grpc_call_pinned_by_x_model_version_metadata_reaches_that_version(two_versions, start):  # noqa: F811
+    """A pin by metadata is a pin as the message's model_version is (ServingCore.pinned): the call
+    reaches that version (Triton's own count per version says so), is counted pinned, and on the
+    Rust front is served there; message and metadata naming different versions is refused
+    INVALID_ARGUMENT naming the metadata key, and Triton sees nothing of it."""
+    model = two_versions.name
+    config = grpc_config(two_versions.triton, models=[model], golden_dir=two_versions.golden_dir,
+                         probes={"interval_s": 3600.0, "jitter": 0.0})
+    sidecar = await started_and_healthy(start, config)
+    target = f"127.0.0.1:{config.listen.grpc_port}"
+    await _pins_served(sidecar, model)
+    front = sidecar.server
+    expected = credit_risk_scores(features(ROWS, seed=3)).ravel()
+    on = {v: triton_successes(two_versions.triton, model, v) for v in ("1", "2")}
+    pinned = {v: sidecar.metric("triton_sidecar_routed_total", model=model, version=v, reason="pinned") or 0
+              for v in ("1", "2")}
+    handovers = front.grpc_handovers if isinstance(front, HttpFront) else 0
+    with PythonEntries(sidecar.app[SERVING]) as entries:
+        async with grpc.aio.insecure_channel(target) as channel:
+            infer = _infer(channel)
+            for version, times in (("1", 3), ("2", 2)):
+                for _ in range(times):
+                    answer = await infer(_request(model, 3), metadata=(("x-model-version", version),),
+                                         timeout=10)
+                    assert answer.model_version == version
+                    np.testing.assert_allclose(_scores(answer), expected, atol=1e-5, rtol=1e-4)
+            if isinstance(front, HttpFront) and GRPC_FRONT == "rust":
+                assert front.grpc_handovers == handovers, "a pinned call was handed to the Python gRPC server"
+                assert entries.count == 0, f"{entries.count} entries into the Python request chain"
+            message = pb.ModelInferRequest.FromString(_request(model, 3))
+            message.model_version = "1"
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await infer(message.SerializeToString(), metadata=(("x-model-version", "2"),), timeout=10)
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT, refused.value
+    assert "x-model-version" in (refused.value.details() or ""), refused.value.details()
+    assert {v: triton_successes(two_versions.triton, model, v) - on[v] for v in on} == {"1": 3, "2": 2}
+    for version, times in (("1", 3), ("2", 2)):
+        assert sidecar.metric("triton_sidecar_routed_total", model=model, version=version,
+                              reason="pinned") == pinned[version] + times
+
+
 async def test_a_grpc_stream_is_served_by_the_front_until_a_real_quarantine_ends_it_unavailable(
         triton, fresh_model, start):
     """ModelStreamInfer on the stream's model: answered request by request, a later request to an

@@ -12,10 +12,12 @@
 //!
 //! The request is decoded (prost) only to be checked, as the same v2 document and binary chunks the
 //! Python gRPC front builds (`document`), by the one validation rule; Triton gets the client's bytes
-//! unchanged (re-encoded with its `model_version` set only when it goes to the fallback). Triton's
+//! unchanged (re-encoded with its `model_version` set only when it goes to another version than the
+//! message names: the fallback, or a pin by `x-model-version` metadata). Triton's
 //! answer is decoded only when the model has hidden outputs or is screened for NaN/Inf, and
 //! re-encoded only when an output is removed. Whatever the lane does not serve (a model or version
-//! that is not a lane, a pin by header, a compressed or malformed message) goes to the Python gRPC
+//! that is not a lane, a message and metadata pinning different versions, a compressed or malformed
+//! message) goes to the Python gRPC
 //! server with the bytes already read. With tracing on, a call is one SERVER span of
 //! the front's (front/tracing.rs), named and attributed as the Python gRPC front's.
 
@@ -65,8 +67,9 @@ struct Call {
     fallback: bool,
     /// The lane as read when the call came (admission may give it a fresher one).
     lane: Arc<Lane>,
-    /// What Triton gets: the client's body as it came (one framed message), or, routed to the
-    /// fallback, the request with that `model_version` (GrpcInferExchange._for_version).
+    /// What Triton gets: the client's body as it came (one framed message), or, routed to another
+    /// version (the fallback, a pin by metadata), the request with that `model_version`
+    /// (GrpcInferExchange._for_version).
     body: Bytes,
     request: ModelInferRequest,
     request_id: String,
@@ -199,24 +202,34 @@ async fn read_message(mut body: Incoming, limit: usize) -> Result<Bytes, Read> {
     Ok(out.freeze())
 }
 
-/// The call when the lane serves it: one uncompressed message that decodes, no pin by header, its
-/// model a lane (and the version it goes to one of the lane's). Whatever the model's health, the
-/// lane's admission (front/admission.rs) then serves, holds or refuses it.
+/// The call when the lane serves it: one uncompressed message that decodes, its model a lane (and
+/// the version it goes to one of the lane's). Whatever the model's health, the lane's admission
+/// (front/admission.rs) then serves, holds or refuses it.
 fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Instant) -> Option<Call> {
     let shared = &front.shared;
-    if headers.contains_key("x-model-version") {
-        return None;
-    }
     let message = wire::single_message(body)?;
     let request = ModelInferRequest::decode(message).ok()?;
+    // The pin as ServingCore.pinned reads it: the message's model_version, or the `x-model-version`
+    // metadata (stripped of ASCII whitespace, as the HTTP lane strips it); both naming different
+    // versions is the Python chain's INVALID_ARGUMENT, and a value that is not text its too.
+    let header = match headers.get("x-model-version") {
+        Some(value) => value.to_str().ok()?.trim_matches(|c: char| c.is_ascii_whitespace()),
+        None => "",
+    };
+    if !header.is_empty() && !request.model_version.is_empty() && header != request.model_version {
+        return None;
+    }
+    let pinned = if request.model_version.is_empty() { header } else { request.model_version.as_str() };
     let snapshot = shared.state.load();
     let model_lane = snapshot.lanes.get(&request.model_name)?.clone();
     // A version only when it is loaded and its spec published (as on the HTTP front): any other
     // goes to the Python chain, which fetches its spec or refuses it.
-    let (version, fallback) = snapshot.route(&request.model_name, &request.model_version);
+    let (version, fallback) = snapshot.route(&request.model_name, pinned);
     let lane = if version.is_empty() { model_lane } else { model_lane.versions.get(version)?.clone() };
     let version = version.to_owned();
-    let body = if fallback {
+    // Triton gets the version the call goes to in the message itself: the fallback's, or the one
+    // pinned by metadata alone.
+    let body = if version != request.model_version {
         let mut routed = request.clone();
         routed.model_version = version.clone();
         wire::frame(&routed.encode_to_vec())
