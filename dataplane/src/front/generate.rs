@@ -11,7 +11,7 @@ use crate::serving::generation::{check_generate_request, screen_event, GenerateR
 use crate::serving::refusals::Reason;
 
 use super::events::Event;
-use super::lane::{self, ended_at_triton, rejected, slot, upstream_refusal, AtTriton, InFlight, Infer};
+use super::lane::{self, rejected, slot, upstream_refusal, AtTriton, InFlight, Infer};
 use super::reply::{json_value, refusal, Reply};
 use super::upstream::Answer;
 use super::Shared;
@@ -139,22 +139,10 @@ async fn answer(shared: &Shared, request: &mut Infer) -> Reply {
     let path = lane::triton_path(model, &request.version, "generate");
     let headers = upstream_headers(request);
     // A quarantine that begins while the request is at Triton ends it at once, as for infer.
-    let mut published = shared.published.subscribe();
     let call = shared.upstream.post(&path, &headers, request.body.clone());
-    tokio::pin!(call);
-    let outcome = loop {
-        tokio::select! {
-            outcome = &mut call => break outcome,
-            changed = published.changed() => {
-                if changed.is_err() {
-                    continue;
-                }
-                if let Some(reply) = ended_at_triton(shared, model, &request.version) {
-                    drop(permit);
-                    return reply;
-                }
-            }
-        }
+    let outcome = match lane::unless_quarantined(shared, model, &request.version, call).await {
+        Ok(outcome) => outcome,
+        Err(ended) => return ended,
     };
     drop(permit);
     request.span.phase("upstream call");

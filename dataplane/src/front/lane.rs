@@ -215,24 +215,10 @@ async fn answer(shared: &Shared, request: &mut Infer) -> Reply {
     if let Some(v) = &request.tracestate {
         headers.push(("tracestate", v.as_str()));
     }
-    // A quarantine that begins while the request is at Triton ends it at once (admission.py's
-    // _end_waiting): its connection to Triton is dropped with the call.
-    let mut published = shared.published.subscribe();
     let call = shared.upstream.post(&path, &headers, request.body.clone());
-    tokio::pin!(call);
-    let outcome = loop {
-        tokio::select! {
-            outcome = &mut call => break outcome,
-            changed = published.changed() => {
-                if changed.is_err() {
-                    continue;
-                }
-                if let Some(reply) = ended_at_triton(shared, model, &request.version) {
-                    drop(permit);
-                    return reply;
-                }
-            }
-        }
+    let outcome = match unless_quarantined(shared, model, &request.version, call).await {
+        Ok(outcome) => outcome,
+        Err(ended) => return ended,
     };
     drop(permit);
     request.span.phase("upstream call");
@@ -371,6 +357,34 @@ pub(super) async fn admitted_on(
 /// The refusal Python published for a model that stopped being trusted, for the version a request
 /// reaches, while it waited at Triton (admission.py's _end_waiting), counted up as ended at Triton;
 /// None while that version is trusted.
+/// `call` (a request at Triton) run to its end, unless a quarantine of the model (or of this version)
+/// begins meanwhile: then it is dropped at once, and its connection to Triton with it (admission.py's
+/// _end_waiting), and the refusal `ended_at_triton` gives comes back instead. Infer and generate on
+/// HTTP, ModelInfer on gRPC.
+pub(super) async fn unless_quarantined<T>(
+    shared: &Shared,
+    model: &str,
+    version: &str,
+    call: impl std::future::Future<Output = T>,
+) -> Result<T, Reply> {
+    // Subscribed before the call is first polled: a quarantine published meanwhile is not missed.
+    let mut published = shared.published.subscribe();
+    tokio::pin!(call);
+    loop {
+        tokio::select! {
+            outcome = &mut call => return Ok(outcome),
+            changed = published.changed() => {
+                if changed.is_err() {
+                    return Ok(call.await); // no publisher left: nothing can end it now
+                }
+                if let Some(reply) = ended_at_triton(shared, model, version) {
+                    return Err(reply);
+                }
+            }
+        }
+    }
+}
+
 pub(super) fn ended_at_triton(shared: &Shared, model: &str, version: &str) -> Option<Reply> {
     let snapshot = shared.state.load();
     let ended = snapshot.ended.get(model).filter(|ended| ended.ends(version))?;

@@ -333,24 +333,12 @@ async fn answer(front: Arc<GrpcFront>, call: Arc<Call>) -> Outcome {
     };
     call.span.phase("breaker wait");
     let _at_triton = AtTriton::new(shared, model);
-    // A quarantine that begins while the call is at Triton ends it at once (admission.py's
-    // _end_waiting); dropping the call resets its stream at Triton.
-    let mut published = shared.published.subscribe();
+    // A quarantine that begins while the call is at Triton ends it at once; dropping the call
+    // resets its stream at Triton.
     let upstream = tokio::time::timeout(call.bound, to_triton(&front, &call));
-    tokio::pin!(upstream);
-    let outcome = loop {
-        tokio::select! {
-            outcome = &mut upstream => break outcome,
-            changed = published.changed() => {
-                if changed.is_err() {
-                    continue;
-                }
-                if let Some(reply) = lane::ended_at_triton(shared, model, &call.version) {
-                    drop(permit);
-                    return Outcome::of_reply(reply);
-                }
-            }
-        }
+    let outcome = match lane::unless_quarantined(shared, model, &call.version, upstream).await {
+        Ok(outcome) => outcome,
+        Err(ended) => return Outcome::of_reply(ended),
     };
     drop(permit);
     call.span.phase("upstream call");
