@@ -972,6 +972,34 @@ async def test_statistics_are_served_by_default_for_the_server_and_a_model(trito
         assert sidecar.server.grpc_handovers == handovers, "a ModelStatistics was handed to the Python gRPC server"
 
 
+async def test_model_infer_to_a_model_the_sidecar_does_not_guard_is_refused_alike_on_both_fronts(triton, start):
+    config = grpc_config(triton)
+    sidecar = await started_and_healthy(start, config)
+    target = f"127.0.0.1:{config.listen.grpc_port}"
+    front = sidecar.server if GRPC_FRONT == "rust" else None
+    handovers = front.grpc_handovers if front is not None else 0
+
+    def rejected(model: str) -> float:
+        return sidecar.metric("triton_sidecar_proxy_rejections_total", protocol="grpc", model=model,
+                              reason="unknown_model") or 0
+
+    before = {model: rejected(model) for model in ("_unknown_", "credit_risk")}
+    refusals = [
+        (pb.ModelInferRequest(model_name="no_such_model"),
+         "unknown model 'no_such_model'; served: credit_risk, image_classifier"),
+        (pb.ModelInferRequest(model_name="credit_risk", model_version="x"),
+         "model credit_risk has no version 'x' (versions are numbers)"),
+    ]
+    for n, (request, details) in enumerate(refusals):
+        code, got, trailing, _ = await _raw_call(target, "ModelInfer", request.SerializeToString(),
+                                                 metadata=(("x-request-id", f"unguarded-{n}"),))
+        assert (code, got) == (grpc.StatusCode.NOT_FOUND, details)
+        assert (trailing.get("x-sidecar-reason"), trailing.get("x-request-id")) == ("unknown_model", f"unguarded-{n}")
+    assert {model: rejected(model) - before[model] for model in before} == {"_unknown_": 1, "credit_risk": 1}
+    if front is not None:
+        assert front.grpc_handovers == handovers, "a refusal was handed to the Python gRPC server"
+
+
 def test_the_vendored_reflection_descriptors_match_the_installed_protocol() -> None:
     assert grpc_descriptors.VENDORED.read_bytes() == grpc_descriptors.descriptor_set(), (
         "dataplane/src/front/grpc/descriptors.binpb is not what the installed tritonclient, grpc.health.v1 and "

@@ -111,6 +111,9 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>) -> Respons
         Err(refused) => return refused,
     };
     let Some(call) = lane_call(&front, &parts.headers, &body, started) else {
+        if let Some(refused) = super::unary::refused_infer(&front, &body) {
+            return super::unary::refuse(front, parts, body, super::unary::MODEL_INFER, refused, started).await;
+        }
         return front.pass_through(parts, super::collected(body)).await;
     };
     front.served.fetch_add(1, Ordering::Relaxed);

@@ -60,6 +60,8 @@ enum Kind {
     ModelMetadata,
     ModelConfig,
     ModelStatistics,
+    /// ModelInfer, answered here only when admission's first step refuses it (`refused_infer`).
+    ModelInfer,
     /// Triton's control API (grpc_server.py's CONTROL: every RPC of the service it does not serve).
     Control,
 }
@@ -85,6 +87,25 @@ const RPCS: [(&str, &str, Kind); 18] = [
     ("TraceSetting", "inference.GRPCInferenceService/TraceSetting", Kind::Control),
     ("LogSettings", "inference.GRPCInferenceService/LogSettings", Kind::Control),
 ];
+
+/// ModelInfer, as `refused_infer` answers it (not in RPCS: `infer` serves the call).
+pub const MODEL_INFER: Rpc =
+    Rpc { method: "ModelInfer", name: "inference.GRPCInferenceService/ModelInfer", kind: Kind::ModelInfer };
+
+/// A ModelInfer the lane does not serve, refused here when ServingCore.resolve would refuse it: a
+/// model the sidecar does not guard, a version in the message that is not a number (NOT_FOUND
+/// `unknown_model`, counted and logged as the Python gRPC front does); None: the Python gRPC
+/// server's to answer.
+pub fn refused_infer(front: &GrpcFront, body: &Bytes) -> Option<(String, Outcome)> {
+    let snapshot = front.shared.state.load();
+    let docs = snapshot.documents.as_ref()?;
+    let request = super::messages::ModelInferRequest::decode(wire::single_message(body)?).ok()?;
+    match resolve(docs, &request.model_name, &request.model_version)? {
+        Resolved::Unknown(outcome) => Some((UNKNOWN_LABEL.to_owned(), outcome)),
+        Resolved::NotAVersion(outcome) => Some((request.model_name, outcome)),
+        Resolved::Guarded => None,
+    }
+}
 
 /// One of the RPCs this module answers.
 #[derive(Debug, Clone, Copy)]
@@ -159,6 +180,7 @@ fn plan(front: &GrpcFront, rpc: Rpc, body: &Bytes) -> Option<(String, Plan)> {
     let stalled = || shared.watchdog.control_silent_for() >= shared.settings.watchdog_stall;
     let snapshot = shared.state.load();
     match rpc.kind {
+        Kind::ModelInfer => return None, // infer.rs serves it
         Kind::Control => {
             // grpc_server.py's _control: the method's name in http_routes.forbidden's words.
             let message = documents::forbidden_message(rpc.method);
@@ -230,6 +252,31 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>, rpc: Rpc) 
     let Some((label, plan)) = plan(&front, rpc, &body) else {
         return front.pass_through(parts, super::collected(body)).await;
     };
+    respond(front, parts, body, rpc, label, plan, started).await
+}
+
+/// A call of `rpc` refused here with `outcome`, under the metrics label `label` (`refused_infer`'s).
+pub async fn refuse(
+    front: Arc<GrpcFront>,
+    parts: hyper::http::request::Parts,
+    body: Bytes,
+    rpc: Rpc,
+    (label, outcome): (String, Outcome),
+    started: Instant,
+) -> Response<GrpcBody> {
+    respond(front, parts, body, rpc, label, Plan::Answer(outcome), started).await
+}
+
+/// The call answered as `plan` says: its span, its count and access-log line, Triton asked if needed.
+async fn respond(
+    front: Arc<GrpcFront>,
+    parts: hyper::http::request::Parts,
+    body: Bytes,
+    rpc: Rpc,
+    label: String,
+    plan: Plan,
+    started: Instant,
+) -> Response<GrpcBody> {
     let shared = &front.shared;
     // In the front's in-flight count (what the drain waits for) until answered here.
     let counted = InFlight::new(shared);
