@@ -194,11 +194,13 @@ class HttpFront:
         max_connections: int,
         max_idle_s: float,
         max_age_s: float,
+        min_ping_interval_s: float,
         tls: tuple[bytes, bytes, bytes | None, list[str], str] | None = None,
     ) -> int:
         """listen.grpc_port on this front's runtime (listen.grpc_front: rust); the bound port.
         ModelInfer to a lane, grpc.health.v1 and server reflection are served here, every other call
-        passed to 127.0.0.1:back_port. `tls`:
+        passed to 127.0.0.1:back_port. `min_ping_interval_s`: listen.grpc_min_ping_interval_s, gRPC
+        core's ping policy (a client past it is sent GOAWAY too_many_pings). `tls`:
         the front's own material (given exactly when the front was started with tls): grpcs, ALPN h2,
         rotated by reload_tls with listen.port."""
     @property

@@ -48,8 +48,6 @@ DECOUPLED = "decoupled_counter"
 GRPC_FRONT = os.environ.get("SIDECAR_TEST_GRPC_FRONT", "python")
 rust_front_only = pytest.mark.skipif(GRPC_FRONT != "rust", reason="the data plane's gRPC front only "
                                      "(SIDECAR_TEST_GRPC_FRONT=rust)")
-python_front_only = pytest.mark.skipif(GRPC_FRONT == "rust", reason="keepalive ping-strike enforcement is not in "
-                                       "the data plane's gRPC front yet (issue 31, a later slice)")
 DECOUPLED_RULE = FilterRule(model=DECOUPLED, drop_outputs=("SECRET",))
 
 
@@ -577,7 +575,6 @@ async def test_a_connection_past_its_age_closes_after_the_grace_under_an_open_wa
     assert closed_after < 6, closed_after  # age (1 s) and grace (1.5 s), not the Watch's whole life
 
 
-@python_front_only
 async def test_a_client_that_pings_too_often_is_sent_goaway(triton, start):
     config = grpc_config(triton, listen={"grpc_min_ping_interval_s": 10})
     sidecar = await started_and_healthy(start, config)

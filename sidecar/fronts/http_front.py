@@ -235,7 +235,8 @@ class HttpFront:
             self.grpc_port = self._native.serve_grpc(
                 host, listen.grpc_port, listen.max_connections, self.app[GRPC_BACK_PORT], config.triton.grpc_url,
                 listen.grpc_max_concurrent_streams, listen.max_connections, listen.grpc_max_connection_idle_s,
-                listen.grpc_max_connection_age_s, tls=_tls_material(tls, tls.material) if tls is not None else None)
+                listen.grpc_max_connection_age_s, listen.grpc_min_ping_interval_s,
+                tls=_tls_material(tls, tls.material) if tls is not None else None)
         except ValueError as e:  # rustls refused what OpenSSL accepted: a start-up error naming the key
             raise TlsFileError(str(e)) from e
         log.info("grpc_listening", listen=f"{host}:{self.grpc_port}", triton=config.triton.grpc_url,

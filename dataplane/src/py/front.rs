@@ -21,6 +21,7 @@ use std::os::unix::net::UnixStream;
 use crate::front::documents::{Documents, Guarded};
 use crate::front::events::{Event, Events};
 use crate::front::grpc::channel::Channel;
+use crate::front::grpc::keepalive::PingPolicy;
 use crate::front::grpc::{self, repository, GrpcFront, GrpcSettings};
 use crate::front::settings::Settings;
 use crate::front::state::{Breaker, Canned, Ended, Guard, Lane, Snapshot};
@@ -307,10 +308,11 @@ impl HttpFront {
     /// Serve `listen.grpc_port` on this front's runtime (listen.grpc_front: rust): bind `host:port`
     /// (0: any free port) and return the port. ModelInfer to a lane is served here; every other
     /// call goes to the Python gRPC server on 127.0.0.1:`back_port`. `triton`: Triton's gRPC
-    /// "host:port" (triton.grpc_url). `tls`: the material this front was started with (the same
+    /// "host:port" (triton.grpc_url). `min_ping_interval_s`: listen.grpc_min_ping_interval_s, the
+    /// keepalive enforcement of every connection (grpc::keepalive). `tls`: the material this front was started with (the same
     /// files; None when it serves plaintext), served as grpcs with ALPN h2 and the HTTP port's
     /// handshake bound; ValueError when rustls refuses it.
-    #[pyo3(signature = (host, port, backlog, back_port, triton, max_concurrent_streams, max_connections, max_idle_s, max_age_s, tls = None))]
+    #[pyo3(signature = (host, port, backlog, back_port, triton, max_concurrent_streams, max_connections, max_idle_s, max_age_s, min_ping_interval_s, tls = None))]
     #[allow(clippy::too_many_arguments)]
     fn serve_grpc(
         &self,
@@ -323,6 +325,7 @@ impl HttpFront {
         max_connections: usize,
         max_idle_s: f64,
         max_age_s: f64,
+        min_ping_interval_s: f64,
         tls: Option<TlsTuple>,
     ) -> PyResult<u16> {
         let terminator = match (tls, &self.shared.tls) {
@@ -348,6 +351,8 @@ impl HttpFront {
         };
         let max_idle = bound(max_idle_s, "listen.grpc_max_connection_idle_s")?;
         let max_age = bound(max_age_s, "listen.grpc_max_connection_age_s")?;
+        // 0 is allowed (as gRPC core's 0: any interval while a call is open).
+        let min_ping_interval = bound(min_ping_interval_s, "listen.grpc_min_ping_interval_s")?.unwrap_or_default();
         let address = (host, port)
             .to_socket_addrs()
             .map_err(|e| PyOSError::new_err(format!("listen.host {host}: {e}")))?
@@ -356,7 +361,13 @@ impl HttpFront {
         let listener =
             bind(address, backlog).map_err(|e| PyOSError::new_err(format!("listen.grpc_port {port}: {e}")))?;
         let bound = listener.local_addr().map_err(|e| PyOSError::new_err(e.to_string()))?.port();
-        let settings = GrpcSettings { max_concurrent_streams, max_connections, max_idle, max_age };
+        let settings = GrpcSettings {
+            max_concurrent_streams,
+            max_connections,
+            max_idle,
+            max_age,
+            pings: PingPolicy::new(min_ping_interval),
+        };
         let back = format!("127.0.0.1:{back_port}");
         let stopped = self.stop.subscribe();
         let front = Arc::new(GrpcFront::new(self.shared.clone(), back, triton, settings, terminator, stopped.clone()));

@@ -30,6 +30,7 @@ pub mod channel;
 pub mod document;
 pub mod health;
 pub mod infer;
+pub mod keepalive;
 pub mod messages;
 pub mod outcome;
 pub mod reflection;
@@ -61,6 +62,7 @@ use super::tls::{self, Terminator};
 use super::Shared;
 
 use self::channel::Channel;
+use self::keepalive::{PingPolicy, Policed};
 use self::wire::GrpcBody;
 
 /// What every gRPC connection and call shares.
@@ -95,6 +97,8 @@ pub struct GrpcSettings {
     /// finish within proxy.upstream_timeout_s (grpcio's grpc.max_connection_age_grace_ms), then it
     /// closes (None: never).
     pub max_age: Option<Duration>,
+    /// listen.grpc_min_ping_interval_s: keepalive enforcement, gRPC core's ping policy (`keepalive`).
+    pub pings: PingPolicy,
 }
 
 impl GrpcFront {
@@ -217,7 +221,9 @@ fn subject_header(subject: &str) -> Option<HeaderValue> {
 
 /// One connection's calls until it closes; at stop, when idle past listen.grpc_max_connection_idle_s
 /// or older than listen.grpc_max_connection_age_s: GOAWAY, and the calls open finish (those still
-/// open after proxy.upstream_timeout_s end with the connection). `subject`: the
+/// open after proxy.upstream_timeout_s end with the connection). A client that pings too often
+/// (listen.grpc_min_ping_interval_s) is sent GOAWAY too_many_pings by the connection's bytes'
+/// watcher (`keepalive`, between TLS and hyper), which then ends it. `subject`: the
 /// verified client certificate's, set on every call in place of whatever the client sent.
 async fn serve_connection<S>(
     stream: S,
@@ -247,7 +253,7 @@ async fn serve_connection<S>(
         .max_concurrent_streams(front.settings.max_concurrent_streams)
         .initial_stream_window_size(1 << 20)
         .initial_connection_window_size(2 << 20)
-        .serve_connection(TokioIo::new(stream), service);
+        .serve_connection(TokioIo::new(Policed::new(stream, front.settings.pings)), service);
     tokio::pin!(connection);
     let (idle, age) = (front.settings.max_idle, front.settings.max_age);
     let beat = [idle, age]
