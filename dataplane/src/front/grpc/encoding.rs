@@ -9,6 +9,7 @@
 use bytes::Bytes;
 use hyper::header::HeaderMap;
 
+use crate::front::lane;
 use crate::protocol::inflate::{inflate, Unpacked};
 use crate::protocol::pytext::cut;
 
@@ -61,23 +62,14 @@ pub struct Refused {
 /// A message flagged compressed, inflated by its call's encoding: at most `limit` bytes (the bound
 /// its uncompressed form has: RESOURCE_EXHAUSTED in grpcio's words past it), UNIMPLEMENTED for an
 /// encoding the front does not read, INVALID_ARGUMENT for bytes that are not of their encoding.
-pub fn inflated(encoding: &Encoding, packed: &[u8], limit: usize) -> Result<Bytes, Refused> {
+/// Inflated where the HTTP lane inflates (`lane::inflated_off_worker`: a large one off the workers).
+pub async fn inflated(encoding: &Encoding, packed: Bytes, limit: usize) -> Result<Bytes, Refused> {
     let gzip = match encoding {
         Encoding::Gzip => true,
         Encoding::Deflate => false,
-        Encoding::Identity | Encoding::Other(_) => {
-            let said = match encoding {
-                Encoding::Identity => "a message flagged compressed with grpc-encoding identity (or none)".to_owned(),
-                _ => format!("a message compressed with grpc-encoding '{}'", cut(encoding.name(), 60)),
-            };
-            let message = format!(
-                "{said}: the sidecar accepts grpc-encoding identity, deflate or gzip (grpc-accept-encoding: \
-                 {ACCEPTED}); send the message uncompressed, gzip or deflate"
-            );
-            return Err(Refused { code: wire::UNIMPLEMENTED, reason: "unsupported_media_type", message });
-        }
+        Encoding::Identity | Encoding::Other(_) => return Err(unimplemented(encoding)),
     };
-    match inflate(packed, gzip, limit) {
+    match lane::inflated_off_worker(packed, move |packed| inflate(packed, gzip, limit)).await {
         Ok(message) => Ok(Bytes::from(message)),
         // grpcio's own words for a message over grpc.max_receive_message_length; the inflated
         // size is not known (inflating stopped at the bound).
@@ -97,9 +89,22 @@ pub fn inflated(encoding: &Encoding, packed: &[u8], limit: usize) -> Result<Byte
     }
 }
 
+/// A compressed message whose encoding the front does not read (or that names none).
+fn unimplemented(encoding: &Encoding) -> Refused {
+    let said = match encoding {
+        Encoding::Identity => "a message flagged compressed with grpc-encoding identity (or none)".to_owned(),
+        _ => format!("a message compressed with grpc-encoding '{}'", cut(encoding.name(), 60)),
+    };
+    let message = format!(
+        "{said}: the sidecar accepts grpc-encoding identity, deflate or gzip (grpc-accept-encoding: {ACCEPTED}); \
+         send the message uncompressed, gzip or deflate"
+    );
+    Refused { code: wire::UNIMPLEMENTED, reason: "unsupported_media_type", message }
+}
+
 /// A unary call's body with its one message uncompressed (framed again, flag clear); a body that is
 /// not one whole message, or one already uncompressed, as it came.
-pub fn unpack_unary(body: Bytes, encoding: &Encoding, limit: usize) -> Result<Bytes, Refused> {
+pub async fn unpack_unary(body: Bytes, encoding: &Encoding, limit: usize) -> Result<Bytes, Refused> {
     if body.len() < 5 || body[0] == 0 {
         return Ok(body);
     }
@@ -107,7 +112,7 @@ pub fn unpack_unary(body: Bytes, encoding: &Encoding, limit: usize) -> Result<By
     if body.len() != 5 + length {
         return Ok(body);
     }
-    inflated(encoding, &body[5..], limit).map(|message| wire::frame(&message))
+    inflated(encoding, body.slice(5..), limit).await.map(|message| wire::frame(&message))
 }
 
 #[cfg(test)]
@@ -153,32 +158,40 @@ mod tests {
         }
     }
 
-    #[test]
-    fn gzip_and_deflate_messages_are_framed_again_uncompressed() {
+    #[tokio::test]
+    async fn gzip_and_deflate_messages_are_framed_again_uncompressed() {
         let message = b"a ModelInferRequest's bytes".repeat(50);
         let want = wire::frame(&message);
-        assert_eq!(unpack_unary(compressed(&gzip(&message)), &Encoding::Gzip, 4096), Ok(want.clone()));
-        assert_eq!(unpack_unary(compressed(&zlib(&message)), &Encoding::Deflate, 4096), Ok(want.clone()));
+        let unpacked = unpack_unary(compressed(&gzip(&message)), &Encoding::Gzip, 4096).await;
+        assert_eq!(unpacked, Ok(want.clone()));
+        let unpacked = unpack_unary(compressed(&zlib(&message)), &Encoding::Deflate, 4096).await;
+        assert_eq!(unpacked, Ok(want.clone()));
         // Uncompressed messages pass whatever the call's encoding (compression is per message).
-        assert_eq!(unpack_unary(want.clone(), &Encoding::Other("snappy".into()), 4096), Ok(want.clone()));
+        let unpacked = unpack_unary(want.clone(), &Encoding::Other("snappy".into()), 4096).await;
+        assert_eq!(unpacked, Ok(want.clone()));
         // Not one whole message: left as it came (the caller refuses or hands it on as before).
         let cut_short = compressed(&gzip(&message)).slice(..10);
-        assert_eq!(unpack_unary(cut_short.clone(), &Encoding::Gzip, 4096), Ok(cut_short));
+        assert_eq!(unpack_unary(cut_short.clone(), &Encoding::Gzip, 4096).await, Ok(cut_short));
+        // Past the inline bound the message inflates on the blocking pool, to the same bytes.
+        let large: Vec<u8> = (0..200_000u32).flat_map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes()).collect();
+        let packed = gzip(&large);
+        assert!(packed.len() > 16 * 1024);
+        assert_eq!(inflated(&Encoding::Gzip, Bytes::from(packed), 1 << 20).await, Ok(Bytes::from(large)));
     }
 
-    #[test]
-    fn a_bomb_stops_at_the_bound_and_other_encodings_are_unimplemented() {
-        let bomb = gzip(&vec![0u8; 16 << 20]);
+    #[tokio::test]
+    async fn a_bomb_stops_at_the_bound_and_other_encodings_are_unimplemented() {
+        let bomb = Bytes::from(gzip(&vec![0u8; 16 << 20]));
         assert!(bomb.len() < 64 * 1024);
-        let refused = inflated(&Encoding::Gzip, &bomb, 1 << 20).unwrap_err();
+        let refused = inflated(&Encoding::Gzip, bomb, 1 << 20).await.unwrap_err();
         assert_eq!((refused.code, refused.reason), (wire::RESOURCE_EXHAUSTED, "body_too_large"));
         assert!(refused.message.starts_with("Received message larger than max ("), "{}", refused.message);
-        let refused = inflated(&Encoding::Other("snappy".into()), b"x", 100).unwrap_err();
+        let refused = inflated(&Encoding::Other("snappy".into()), Bytes::from_static(b"x"), 100).await.unwrap_err();
         assert_eq!(refused.code, wire::UNIMPLEMENTED);
         assert!(refused.message.contains("'snappy'") && refused.message.contains(ACCEPTED), "{}", refused.message);
-        let refused = unpack_unary(compressed(&gzip(b"m")), &Encoding::Identity, 100).unwrap_err();
+        let refused = unpack_unary(compressed(&gzip(b"m")), &Encoding::Identity, 100).await.unwrap_err();
         assert_eq!(refused.code, wire::UNIMPLEMENTED);
-        let refused = inflated(&Encoding::Deflate, b"not zlib", 100).unwrap_err();
+        let refused = inflated(&Encoding::Deflate, Bytes::from_static(b"not zlib"), 100).await.unwrap_err();
         assert_eq!((refused.code, refused.reason), (wire::INVALID_ARGUMENT, "malformed"));
         assert!(
             refused.message.starts_with("the message cannot be inflated (deflate): Error -3"),

@@ -172,6 +172,7 @@ pub(super) async fn read_call(
     let limit = front.shared.settings.max_body_bytes;
     match read_message(body, limit).await {
         Ok(body) => encoding::unpack_unary(body, &Encoding::of(headers), limit)
+            .await
             .map_err(|refused| wire::answer(refused.code, &refused.message, false, None, &[])),
         Err(Read::TooLarge(size)) => {
             // grpcio's own refusal of a message over grpc.max_receive_message_length.

@@ -23,10 +23,10 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming};
+use hyper::header::HeaderValue;
 use hyper::{Request, Response};
 use prost::Message;
 
-use super::encoding::{self, Encoding};
 use super::wire::{self, Code, Deframed, Deframer, GrpcBody};
 use super::GrpcFront;
 
@@ -404,19 +404,17 @@ pub fn serve(front: &GrpcFront, request: Request<Incoming>) -> Response<GrpcBody
         Ok(index) => index,
         Err(e) => return wire::answer(wire::INTERNAL, e, false, None, &[]),
     };
-    let encoding = Encoding::of(request.headers());
     let body = Reflecting {
         index,
         incoming: request.into_body(),
         deframer: Deframer::default(),
-        encoding,
         limit: front.shared.settings.max_body_bytes,
         out: VecDeque::new(),
         sent: HashSet::new(),
         ended: false,
     };
     let mut response = Response::new(body.boxed());
-    wire::answer_headers(response.headers_mut());
+    response.headers_mut().insert("content-type", HeaderValue::from_static(wire::CONTENT_TYPE));
     response
 }
 
@@ -426,8 +424,6 @@ struct Reflecting {
     index: &'static Index,
     incoming: Incoming,
     deframer: Deframer,
-    /// The call's grpc-encoding: its compressed messages are inflated (`encoding`).
-    encoding: Encoding,
     /// validation.max_body_bytes: the bound on one message, as on every call of this port.
     limit: usize,
     out: VecDeque<Frame<Bytes>>,
@@ -445,39 +441,33 @@ impl Reflecting {
     /// Answer every whole request received so far.
     fn answer_received(&mut self) {
         while !self.ended {
-            let message = match self.deframer.next(self.limit) {
+            match self.deframer.next(self.limit) {
                 Deframed::Partial => return,
-                Deframed::Message(message) => message,
-                Deframed::Compressed(packed) => match encoding::inflated(&self.encoding, &packed, self.limit) {
-                    Ok(message) => message,
-                    Err(refused) => {
-                        self.end(refused.code, &refused.message);
-                        return;
+                Deframed::Message(message) => match ServerReflectionRequest::decode(message) {
+                    Ok(request) => {
+                        // This body is polled on the connection's task: a panic here would end every
+                        // call on the connection, so it is caught and ends this stream alone.
+                        let (index, sent) = (self.index, &mut self.sent);
+                        let answered = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                            wire::frame(&index.answer(request, sent).encode_to_vec())
+                        }));
+                        match answered {
+                            Ok(framed) => self.out.push_back(Frame::data(framed)),
+                            Err(_) => self.end(
+                                wire::INTERNAL,
+                                "the sidecar failed while answering reflection; this is a bug in the sidecar",
+                            ),
+                        }
                     }
+                    Err(e) => self.end(wire::INTERNAL, &format!("not a ServerReflectionRequest: {e}")),
                 },
+                Deframed::Compressed(_) => {
+                    self.end(wire::UNIMPLEMENTED, "compressed messages are not accepted here: send them uncompressed")
+                }
                 Deframed::TooLarge(size) => {
                     let message = format!("Received message larger than max ({size} vs. {})", self.limit);
                     self.end(wire::RESOURCE_EXHAUSTED, &message);
-                    return;
                 }
-            };
-            match ServerReflectionRequest::decode(message) {
-                Ok(request) => {
-                    // This body is polled on the connection's task: a panic here would end every
-                    // call on the connection, so it is caught and ends this stream alone.
-                    let (index, sent) = (self.index, &mut self.sent);
-                    let answered = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        wire::frame(&index.answer(request, sent).encode_to_vec())
-                    }));
-                    match answered {
-                        Ok(framed) => self.out.push_back(Frame::data(framed)),
-                        Err(_) => self.end(
-                            wire::INTERNAL,
-                            "the sidecar failed while answering reflection; this is a bug in the sidecar",
-                        ),
-                    }
-                }
-                Err(e) => self.end(wire::INTERNAL, &format!("not a ServerReflectionRequest: {e}")),
             }
         }
     }

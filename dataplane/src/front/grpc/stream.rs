@@ -103,7 +103,7 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>) -> Respons
         match deframer.next(limit) {
             Deframed::Message(message) => break Some(message),
             Deframed::Partial => {}
-            Deframed::Compressed(packed) => match encoding::inflated(&encoding, &packed, limit) {
+            Deframed::Compressed(packed) => match encoding::inflated(&encoding, packed, limit).await {
                 Ok(message) => break Some(message),
                 // Refused before the stream is known, as grpcio refused it: not counted as a call.
                 Err(refused) => return wire::answer(refused.code, &refused.message, false, None, &[]),
@@ -678,19 +678,21 @@ async fn read_requests(
                     match requests.deframer.next(limit) {
                         Deframed::Message(message) => break message,
                         Deframed::Partial => {}
-                        Deframed::Compressed(packed) => match encoding::inflated(&requests.encoding, &packed, limit) {
-                            Ok(message) => break message,
-                            Err(refused) => {
-                                let ending = Ending {
-                                    code: refused.code,
-                                    reason: refused.reason.to_owned(),
-                                    message: refused.message,
-                                    retry_after: None,
-                                };
-                                let _ = notes.send(Note::End(ending));
-                                return;
+                        Deframed::Compressed(packed) => {
+                            match encoding::inflated(&requests.encoding, packed, limit).await {
+                                Ok(message) => break message,
+                                Err(refused) => {
+                                    let ending = Ending {
+                                        code: refused.code,
+                                        reason: refused.reason.to_owned(),
+                                        message: refused.message,
+                                        retry_after: None,
+                                    };
+                                    let _ = notes.send(Note::End(ending));
+                                    return;
+                                }
                             }
-                        },
+                        }
                         Deframed::TooLarge(size) => {
                             // grpcio's own refusal of a message over grpc.max_receive_message_length.
                             let message = format!("Received message larger than max ({size} vs. {limit})");

@@ -297,7 +297,7 @@ pub fn answer(
 
 /// Every answer's headers: gRPC's content type, and the encodings the front reads (answers
 /// themselves are sent uncompressed).
-pub fn answer_headers(headers: &mut HeaderMap) {
+fn answer_headers(headers: &mut HeaderMap) {
     headers.insert("content-type", HeaderValue::from_static(CONTENT_TYPE));
     headers.insert("grpc-accept-encoding", HeaderValue::from_static(super::encoding::ACCEPTED));
 }
