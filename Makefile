@@ -77,6 +77,9 @@ GRPC_RUST_TESTS += tests/test_tls.py
 # Admission (holds, quarantine refusals, the fallback) on the Rust gRPC front's ModelInfer lane.
 GRPC_RUST_TESTS += tests/test_grpc_admission.py
 
+# Messages sent gzip or deflate inflated by the Rust gRPC front, bombs and unknown encodings refused.
+GRPC_RUST_TESTS += tests/test_grpc_compression.py
+
 test: system-deps lint $(MLSERVER_VENV)/.installed
 	$(CARGO) test --manifest-path $(CRATE) --quiet
 	$(BIN)/python -m pytest

@@ -145,18 +145,7 @@ async fn unpack(shared: &Shared, request: &mut Infer) -> Option<Reply> {
         "br" => inflate::unbrotli(body, limit),
         _ => inflate::inflate(body, encoding == "gzip", limit),
     };
-    let inflated = if request.body.len() <= INFLATE_INLINE_BYTES {
-        unpacked(&request.body)
-    } else {
-        let body = request.body.clone();
-        match tokio::task::spawn_blocking(move || unpacked(&body)).await {
-            Ok(inflated) => inflated,
-            // A panic while inflating ends this request as any panic in its task does (500).
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => Err(Unpacked::Unreadable("the sidecar is shutting down".to_owned())),
-        }
-    };
-    match inflated {
+    match inflated_off_worker(request.body.clone(), unpacked).await {
         Ok(body) => {
             request.body = Bytes::from(body);
             None
@@ -166,6 +155,23 @@ async fn unpack(shared: &Shared, request: &mut Infer) -> Option<Reply> {
             let message = format!("request body cannot be read ({encoding}): {}", cut(&why, 120));
             Some(rejected(shared, model, refusal("malformed", 400, &message, model, &[])))
         }
+    }
+}
+
+/// `unpacked(body)`, inline for a body of at most INFLATE_INLINE_BYTES, else on tokio's blocking
+/// pool: the one rule for where the fronts inflate (this lane, the gRPC front's messages).
+pub(crate) async fn inflated_off_worker<F>(body: Bytes, unpacked: F) -> Result<Vec<u8>, Unpacked>
+where
+    F: FnOnce(&[u8]) -> Result<Vec<u8>, Unpacked> + Send + 'static,
+{
+    if body.len() <= INFLATE_INLINE_BYTES {
+        return unpacked(&body);
+    }
+    match tokio::task::spawn_blocking(move || unpacked(&body)).await {
+        Ok(inflated) => inflated,
+        // A panic while inflating ends this request as any panic in its task does.
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(Unpacked::Unreadable("the sidecar is shutting down".to_owned())),
     }
 }
 

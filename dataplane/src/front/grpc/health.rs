@@ -78,7 +78,7 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>) -> Respons
     if !published(&front) {
         return front.pass_through(parts, body.boxed()).await;
     }
-    let body = match super::infer::read_call(&front, body).await {
+    let body = match super::infer::read_call(&front, &parts.headers, body).await {
         Ok(body) => body,
         Err(refused) => return refused,
     };

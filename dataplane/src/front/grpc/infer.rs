@@ -16,9 +16,10 @@
 //! message names: the fallback, or a pin by `x-model-version` metadata). Triton's
 //! answer is decoded only when the model has hidden outputs or is screened for NaN/Inf, and
 //! re-encoded only when an output is removed. Whatever the lane does not serve (a model or version
-//! that is not a lane, a message and metadata pinning different versions, a compressed or malformed
-//! message) goes to the Python gRPC
-//! server with the bytes already read. With tracing on, a call is one SERVER span of
+//! that is not a lane, a message and metadata pinning different versions, a malformed message)
+//! goes to the Python gRPC server with the bytes already read. A message sent compressed (gzip,
+//! deflate) is inflated first (`encoding`), so Triton, and the Python gRPC server, get it
+//! uncompressed. With tracing on, a call is one SERVER span of
 //! the front's (front/tracing.rs), named and attributed as the Python gRPC front's.
 
 use std::sync::atomic::Ordering;
@@ -43,6 +44,7 @@ use crate::serving::validation::validate_infer_request;
 
 use super::channel::{self, UnaryAnswer};
 use super::document::infer_document;
+use super::encoding::{self, Encoding};
 use super::messages::{ModelInferRequest, ModelInferResponse};
 use super::outcome::{panic_refusal, AbortOnDrop, Outcome};
 use super::wire::{self, GrpcBody};
@@ -106,7 +108,7 @@ pub(super) fn refusal_message(body: &[u8]) -> String {
 pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>) -> Response<GrpcBody> {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
-    let body = match read_call(&front, body).await {
+    let body = match read_call(&front, &parts.headers, body).await {
         Ok(body) => body,
         Err(refused) => return refused,
     };
@@ -162,13 +164,22 @@ impl Drop for Unanswered<'_> {
     }
 }
 
-/// A unary call's body (validation.max_body_bytes at most), or grpcio's answer when it cannot be
-/// read: RESOURCE_EXHAUSTED past the bound (in grpcio's words), CANCELLED when the client's stream
-/// broke off.
-pub(super) async fn read_call(front: &GrpcFront, body: Incoming) -> Result<Bytes, Response<GrpcBody>> {
+/// A unary call's body (validation.max_body_bytes at most), its message inflated when sent
+/// compressed (`encoding`: the bound holds for the inflated message too), or the answer when it
+/// cannot be read: RESOURCE_EXHAUSTED past the bound (in grpcio's words), UNIMPLEMENTED for a
+/// grpc-encoding the front does not read, INVALID_ARGUMENT for a message that does not inflate,
+/// CANCELLED when the client's stream broke off. Refused before the call is known, as grpcio
+/// refused them, they are not counted as calls.
+pub(super) async fn read_call(
+    front: &GrpcFront,
+    headers: &HeaderMap,
+    body: Incoming,
+) -> Result<Bytes, Response<GrpcBody>> {
     let limit = front.shared.settings.max_body_bytes;
     match read_message(body, limit).await {
-        Ok(body) => Ok(body),
+        Ok(body) => encoding::unpack_unary(body, &Encoding::of(headers), limit)
+            .await
+            .map_err(|refused| wire::answer(refused.code, &refused.message, false, None, &[])),
         Err(Read::TooLarge(size)) => {
             // grpcio's own refusal of a message over grpc.max_receive_message_length.
             let message = format!("Received message larger than max ({size} vs. {limit})");
@@ -205,9 +216,9 @@ async fn read_message(mut body: Incoming, limit: usize) -> Result<Bytes, Read> {
     Ok(out.freeze())
 }
 
-/// The call when the lane serves it: one uncompressed message that decodes, its model a lane (and
-/// the version it goes to one of the lane's). Whatever the model's health, the lane's admission
-/// (front/admission.rs) then serves, holds or refuses it.
+/// The call when the lane serves it: one message (inflated by `read_call`) that decodes, its model a
+/// lane (and the version it goes to one of the lane's). Whatever the model's health, the lane's
+/// admission (front/admission.rs) then serves, holds or refuses it.
 fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Instant) -> Option<Call> {
     let shared = &front.shared;
     let message = wire::single_message(body)?;

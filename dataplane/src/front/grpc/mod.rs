@@ -28,6 +28,7 @@
 
 pub mod channel;
 pub mod document;
+pub mod encoding;
 pub mod health;
 pub mod infer;
 pub mod keepalive;

@@ -461,7 +461,7 @@ impl Reflecting {
                     }
                     Err(e) => self.end(wire::INTERNAL, &format!("not a ServerReflectionRequest: {e}")),
                 },
-                Deframed::Compressed => {
+                Deframed::Compressed(_) => {
                     self.end(wire::UNIMPLEMENTED, "compressed messages are not accepted here: send them uncompressed")
                 }
                 Deframed::TooLarge(size) => {

@@ -14,9 +14,11 @@
 //! then generation.idle_timeout_s), at once when a joined model stops being trusted
 //! ```
 //!
-//! A stream whose first request the front does not serve (not a lane, a partial quarantine, a
-//! version without a lane, a message that does not decode or is compressed) goes to the Python gRPC
-//! server with the bytes already read, so nothing changes for it. A later request on a stream the
+//! Messages sent compressed (gzip, deflate) are inflated before anything reads them and go to Triton
+//! uncompressed (`encoding`); one the front cannot inflate is refused before the stream begins, or
+//! ends it. A stream whose first request the front does not serve (not a lane, a partial quarantine,
+//! a version without a lane, a message that does not decode) goes to the Python gRPC server with the
+//! bytes already read (as the client sent them), so nothing changes for it. A later request on a stream the
 //! front serves that names an unknown model gets admission's `[unknown_model]` in-stream error, as
 //! from Python; one that names a guarded model the front does not serve whole gets
 //! `[model_unavailable]` in-stream and the stream goes on (the Python chain would have served it on
@@ -56,6 +58,7 @@ use crate::protocol::pytext::{cut, format_g};
 use crate::serving::validation::validate_infer_request;
 
 use super::document::infer_document;
+use super::encoding::{self, Encoding};
 use super::infer::{refusal_message, screen};
 use super::messages::{ModelInferRequest, ModelInferResponse, ModelStreamInferResponse};
 use super::outcome::{panic_refusal, trailing_metadata, AbortOnDrop};
@@ -95,11 +98,17 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>) -> Respons
     let limit = front.shared.settings.max_body_bytes;
     let mut read = BytesMut::new();
     let mut deframer = Deframer::default();
+    let encoding = Encoding::of(&parts.headers);
     let first = loop {
         match deframer.next(limit) {
             Deframed::Message(message) => break Some(message),
             Deframed::Partial => {}
-            Deframed::Compressed | Deframed::TooLarge(_) => break None, // grpcio's own answer
+            Deframed::Compressed(packed) => match encoding::inflated(&encoding, packed, limit).await {
+                Ok(message) => break Some(message),
+                // Refused before the stream is known, as grpcio refused it: not counted as a call.
+                Err(refused) => return wire::answer(refused.code, &refused.message, false, None, &[]),
+            },
+            Deframed::TooLarge(_) => break None, // grpcio's own answer
         }
         match body.frame().await {
             None => break None,
@@ -127,7 +136,7 @@ pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>) -> Respons
     front.served.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::channel(QUEUE_BATCHES);
     let call = Arc::new(call);
-    let requests = Requests { body, deframer, first: Some((request, message)) };
+    let requests = Requests { body, deframer, encoding, first: Some((request, message)) };
     tokio::spawn(supervise(front, call, requests, tx));
     wire::streamed(rx)
 }
@@ -180,10 +189,12 @@ fn stream_call(
     })
 }
 
-/// The client's requests: the body, what was read of it, and the first request (already decoded).
+/// The client's requests: the body, what was read of it, how its compressed messages are
+/// compressed, and the first request (already decoded).
 struct Requests {
     body: Incoming,
     deframer: Deframer,
+    encoding: Encoding,
     first: Option<(ModelInferRequest, Bytes)>,
 }
 
@@ -627,7 +638,8 @@ async fn relay_triton(
                     }
                 }
                 Deframed::Partial => break,
-                Deframed::Compressed | Deframed::TooLarge(_) => {
+                // The front asks Triton for no grpc-encoding, so it sends none.
+                Deframed::Compressed(_) | Deframed::TooLarge(_) => {
                     return Err(Failure::Dropped("Triton sent a compressed message".to_owned()));
                 }
             }
@@ -666,10 +678,20 @@ async fn read_requests(
                     match requests.deframer.next(limit) {
                         Deframed::Message(message) => break message,
                         Deframed::Partial => {}
-                        Deframed::Compressed => {
-                            let message = "a compressed message: the sidecar accepts no grpc-encoding".to_owned();
-                            let _ = notes.send(Note::End(Ending::new("malformed", message)));
-                            return;
+                        Deframed::Compressed(packed) => {
+                            match encoding::inflated(&requests.encoding, packed, limit).await {
+                                Ok(message) => break message,
+                                Err(refused) => {
+                                    let ending = Ending {
+                                        code: refused.code,
+                                        reason: refused.reason.to_owned(),
+                                        message: refused.message,
+                                        retry_after: None,
+                                    };
+                                    let _ = notes.send(Note::End(ending));
+                                    return;
+                                }
+                            }
                         }
                         Deframed::TooLarge(size) => {
                             // grpcio's own refusal of a message over grpc.max_receive_message_length.

@@ -245,7 +245,7 @@ fn plan(front: &GrpcFront, rpc: Rpc, body: &Bytes) -> Option<(String, Plan)> {
 pub async fn serve(front: Arc<GrpcFront>, request: Request<Incoming>, rpc: Rpc) -> Response<GrpcBody> {
     let started = Instant::now();
     let (parts, body) = request.into_parts();
-    let body = match read_call(&front, body).await {
+    let body = match read_call(&front, &parts.headers, body).await {
         Ok(body) => body,
         Err(refused) => return refused,
     };

@@ -210,7 +210,7 @@ pub fn trailers(code: Code, message: &str) -> HeaderMap {
 /// dropped by hyper when the client resets the stream, which closes the sending side.
 pub fn streamed(frames: tokio::sync::mpsc::Receiver<Frame<Bytes>>) -> Response<GrpcBody> {
     let mut response = Response::new(channel(frames));
-    response.headers_mut().insert("content-type", HeaderValue::from_static(CONTENT_TYPE));
+    answer_headers(response.headers_mut());
     response
 }
 
@@ -243,8 +243,9 @@ pub enum Deframed {
     Message(Bytes),
     /// Not whole yet: more bytes needed.
     Partial,
-    /// The compressed flag set (the front accepts no grpc-encoding).
-    Compressed,
+    /// The compressed flag set: the message as sent, for `encoding::inflated` (its length within
+    /// the bound; its inflated size is bounded there).
+    Compressed(Bytes),
     /// A message declared longer than the bound, with its length.
     TooLarge(usize),
 }
@@ -263,9 +264,6 @@ impl Deframer {
         if self.buf.len() < 5 {
             return Deframed::Partial;
         }
-        if self.buf[0] != 0 {
-            return Deframed::Compressed;
-        }
         let length = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
         if length > limit {
             return Deframed::TooLarge(length);
@@ -273,8 +271,13 @@ impl Deframer {
         if self.buf.len() < 5 + length {
             return Deframed::Partial;
         }
-        let mut message = self.buf.split_to(5 + length);
-        Deframed::Message(message.split_off(5).freeze())
+        let compressed = self.buf[0] != 0;
+        let message = self.buf.split_to(5 + length).split_off(5).freeze();
+        if compressed {
+            Deframed::Compressed(message)
+        } else {
+            Deframed::Message(message)
+        }
     }
 }
 
@@ -307,8 +310,15 @@ pub fn answer(
     }
     let body = Unary { data, trailers: Some(trailers) };
     let mut response = Response::new(body.boxed());
-    response.headers_mut().insert("content-type", HeaderValue::from_static(CONTENT_TYPE));
+    answer_headers(response.headers_mut());
     response
+}
+
+/// Every answer's headers: gRPC's content type, and the encodings the front reads (answers
+/// themselves are sent uncompressed).
+fn answer_headers(headers: &mut HeaderMap) {
+    headers.insert("content-type", HeaderValue::from_static(CONTENT_TYPE));
+    headers.insert("grpc-accept-encoding", HeaderValue::from_static(super::encoding::ACCEPTED));
 }
 
 #[cfg(test)]
@@ -359,8 +369,12 @@ mod tests {
         deframer.push(&frame(b"abc"));
         assert_eq!(deframer.next(2), Deframed::TooLarge(3));
         let mut compressed = Deframer::default();
-        compressed.push(&[1, 0, 0, 0, 0]);
-        assert_eq!(compressed.next(100), Deframed::Compressed);
+        compressed.push(&[1, 0, 0, 0, 2, b'z']);
+        assert_eq!(compressed.next(100), Deframed::Partial);
+        compressed.push(b"z");
+        assert_eq!(compressed.next(100), Deframed::Compressed(Bytes::from_static(b"zz")));
+        compressed.push(&[1, 0, 0, 0, 3]);
+        assert_eq!(compressed.next(2), Deframed::TooLarge(3));
     }
 
     #[test]
