@@ -26,7 +26,7 @@ second while no fault lasted).
 
 What passes: no NaN served, no client timeout, no other status or connection error, the steady
 model answers correctly every time, every fault healed, RSS grows by less than 10% and the open
-descriptors return to where they were. Wrong answers during a drift fault are reported against
+descriptors do not grow past where they were. Wrong answers during a drift fault are reported against
 issue 23's targets (≤ 0.2 s of traffic, ≤ 0.02 s with --hold-while-suspect-ms 50), not failed on:
 they depend on the probe timing of the machine; with --every-requests, against issue 35's (≤ 100
 wrong answers per drift fault on average, ≤ 200 at worst). The report also gives the golden inferences
@@ -77,7 +77,7 @@ BAD = frozenset({WRONG, NAN, BAD_GATEWAY, OTHER_STATUS, CLIENT_TIMEOUT})
 INPUTS = 512
 #: Pass criteria.
 MAX_RSS_GROWTH = 0.10
-#: Open descriptors, both counted idle (before the load and after it has settled), may differ by this
+#: Open descriptors, both counted idle (before the load and after it has settled), may grow by this
 #: many: a leak leaves one per failed request or per heal instead.
 FD_TOLERANCE = 3
 #: /status is read this often (s) to time quarantine and recovery.
@@ -336,7 +336,10 @@ def judge_soak(outcomes: list[Outcome], faults: list[FaultRecord], settings: Soa
     growth = (rss[1] - rss[0]) / rss[0]
     if growth >= MAX_RSS_GROWTH:
         failures.append(f"RSS grew {growth:.1%} ({rss[0] / 2**20:.1f} -> {rss[1] / 2**20:.1f} MB)")
-    if abs(fds[1] - fds[0]) > FD_TOLERANCE:
+    # A leak is growth. Fewer at the end is the start's transient connections gone idle (discovery's
+    # and the first spec fetches' keep-alive connections to Triton; since heals load over Triton's
+    # gRPC port, nothing reopens the HTTP session's after them): seen once as 27 -> 22 in CI.
+    if fds[1] - fds[0] > FD_TOLERANCE:
         failures.append(f"open descriptors went {fds[0]} -> {fds[1]}")
     unhealed = [f.kind for f in faults if f.healthy_at is None]
     if unhealed:

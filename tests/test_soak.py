@@ -32,4 +32,5 @@ def test_a_minute_of_load_with_faults_serves_no_nan_and_leaves_no_client_waiting
         report.counts_steady, report.examples_of_failures)
     assert len(report.faults) >= 3, report.faults
     assert report.counts[NAN] == 0 and report.counts[CLIENT_TIMEOUT] == 0, report.counts
-    assert report.passed, "\n".join(report.failures)
+    assert report.passed, "\n".join([*report.failures, f"descriptors at start {report.fd_kinds_start}",
+                                      f"descriptors at end {report.fd_kinds_end}"])
