@@ -68,17 +68,17 @@ lint: $(VENV)/.installed
 	$(CARGO) fmt --manifest-path $(CRATE) --all -- --check
 	$(CARGO) clippy --manifest-path $(CRATE) --all-targets --quiet -- -D warnings
 
-GRPC_RUST_TESTS = tests/test_grpc.py tests/test_wire_fuzz.py tests/test_request_scope.py tests/test_readiness.py \
+GRPC_PYTHON_TESTS = tests/test_grpc.py tests/test_wire_fuzz.py tests/test_request_scope.py tests/test_readiness.py \
 	tests/test_tracing.py
 
 # grpcs on the Rust gRPC front (issue 31, deliverable 4): TLS, rotation, mutual TLS, min_version.
-GRPC_RUST_TESTS += tests/test_tls.py
+GRPC_PYTHON_TESTS += tests/test_tls.py
 
 # Admission (holds, quarantine refusals, the fallback) on the Rust gRPC front's ModelInfer lane.
-GRPC_RUST_TESTS += tests/test_grpc_admission.py
+GRPC_PYTHON_TESTS += tests/test_grpc_admission.py
 
 # Messages sent gzip or deflate inflated by the Rust gRPC front, bombs and unknown encodings refused.
-GRPC_RUST_TESTS += tests/test_grpc_compression.py
+GRPC_PYTHON_TESTS += tests/test_grpc_compression.py
 
 test: system-deps lint $(MLSERVER_VENV)/.installed
 	$(CARGO) test --manifest-path $(CRATE) --quiet
@@ -87,9 +87,9 @@ test: system-deps lint $(MLSERVER_VENV)/.installed
 	# Python listener alone (listen.front: python, the escape hatch, until the Python HTTP path is deleted).
 	SIDECAR_TEST_FRONT=python $(BIN)/python -m pytest -q tests/test_http_limits.py tests/test_http_listener.py \
 	    tests/test_proxy.py tests/test_generate.py tests/test_generation.py tests/test_versions.py tests/test_tls.py
-	# The gRPC modules again with listen.grpc_port served by the data plane's gRPC front (listen.grpc_front:
-	# rust, issue 31's first slice; what it does not do yet skips with its reason).
-	SIDECAR_TEST_GRPC_FRONT=rust $(BIN)/python -m pytest -q -rs $(GRPC_RUST_TESTS)
+	# The gRPC modules again with listen.grpc_port served by grpcio alone (listen.grpc_front: python, the
+	# escape hatch until grpcio is gone; what only the data plane's gRPC front does skips with its reason).
+	SIDECAR_TEST_GRPC_FRONT=python $(BIN)/python -m pytest -q -rs $(GRPC_PYTHON_TESTS)
 
 clean:
 	rm -rf $(VENV) $(MLSERVER_VENV) .pytest_cache .ruff_cache .hypothesis dataplane/target sidecar/_dataplane*.so

@@ -416,8 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay-ms", type=float, default=2, help="text_echo's time per event (default 2 ms)")
     parser.add_argument("--front", choices=["python", "rust"], default="rust",
                         help="what serves the sidecar's listen.port (listen.front; default rust, the shipped default)")
-    parser.add_argument("--grpc-front", choices=["python", "rust"], default="python",
-                        help="what serves the sidecar's listen.grpc_port (listen.grpc_front; default python, the "
+    parser.add_argument("--grpc-front", choices=["python", "rust"], default="rust",
+                        help="what serves the sidecar's listen.grpc_port (listen.grpc_front; default rust, the "
                              "shipped default)")
     parser.add_argument("--wires", nargs="+", choices=["http", "grpc"], default=["http", "grpc"],
                         help="the unary wires measured (default both; streams follow --streams)")

@@ -77,7 +77,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         common = {"models": [MODEL], "golden_dir": built.golden_dir, "filtering": {"rules": [CREDIT_FILTER_RULE]},
                   "validation": {"reject_non_finite": True}}
         front = getattr(args, "front", "python")
-        grpc_front = getattr(args, "grpc_front", "python")
+        grpc_front = getattr(args, "grpc_front", "rust")
         plain = SidecarProcess(sidecar_settings(triton, listen={"grpc_port": free_port(), "front": front,
                                                                 "grpc_front": grpc_front}, **common),
                                workdir / "sidecar")
@@ -198,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--front", choices=("python", "rust"), default="rust",
                         help="what serves the sidecars' listen.port (listen.front); rust also puts Envoy straight "
                              "in front of Triton, issue 30's comparison (default rust, the shipped default)")
-    parser.add_argument("--grpc-front", choices=("python", "rust"), default="python",
+    parser.add_argument("--grpc-front", choices=("python", "rust"), default="rust",
                         help="what serves the sidecars' listen.grpc_port (listen.grpc_front; rust needs --front rust "
-                             "and terminates grpcs in rustls; default python, the shipped default)")
+                             "and terminates grpcs in rustls; default rust, the shipped default)")
     args = parser.parse_args(argv)
     if args.grpc_front == "rust" and args.front != "rust":
         parser.error("--grpc-front rust needs --front rust (listen.grpc_front: rust runs on the Rust HTTP front)")

@@ -75,11 +75,12 @@ class ListenSection:
     #: (tls.*): the Rust front with rustls, the same files, rotation, mutual TLS and
     #: handshake-failure reasons.
     front: str = "rust"
-    #: What serves listen.grpc_port: "python" (grpcio, sidecar/fronts/grpc_server.py; the default) or
-    #: "rust" (the data plane's gRPC front on the HTTP front's runtime, issue 31's first slice:
-    #: ModelInfer to a trusted model served without Python, every other call passed through to the
-    #: grpcio server behind it on loopback). rust needs listen.front: rust, and no TLS yet.
-    grpc_front: str = "python"
+    #: What serves listen.grpc_port: "rust" (the data plane's gRPC front on the HTTP front's runtime,
+    #: the default since 2026-12-07: every call it does not answer itself passed through to the grpcio
+    #: server behind it on loopback) or "python" (grpcio alone, sidecar/fronts/grpc_server.py, the
+    #: escape hatch until grpcio is gone). rust needs listen.front: rust; with listen.front: python
+    #: and no grpc_front written, grpcio serves the port.
+    grpc_front: str = "rust"
     #: Threads of the Rust front's runtime (listen.front: rust). 1 serves a few thousand requests a
     #: second on one core (Envoy's --concurrency 1); raise it only with the pod's CPU limit above
     #: 2 cores, since Triton shares them.
@@ -1014,6 +1015,15 @@ def _rollouts(raw: Mapping[str, Any]) -> dict[str, RolloutSettings]:
     return rollouts
 
 
+def _listen(listen: dict[str, Any]) -> dict[str, Any]:
+    """The listen section with grpc_front following front when it is not written: the Rust gRPC front
+    runs on the Rust HTTP front's runtime, so the Python listener (the escape hatch) keeps grpcio on
+    the gRPC port."""
+    if listen.get("front") == "python" and "grpc_front" not in listen:
+        return {**listen, "grpc_front": "python"}
+    return listen
+
+
 def _build(raw: dict[str, Any], source: str) -> SidecarConfig:
     filtering = raw.get("filtering", {})
     rules = tuple(
@@ -1024,7 +1034,7 @@ def _build(raw: dict[str, Any], source: str) -> SidecarConfig:
     validation["schemas"] = dict(validation.get("schemas", {}))
     return SidecarConfig(
         triton=TritonSection(**raw.get("triton", {})),
-        listen=ListenSection(**raw.get("listen", {})),
+        listen=ListenSection(**_listen(raw.get("listen", {}))),
         tls=_tls(raw.get("tls", {})),
         golden_dir=Path(raw.get("golden_dir", "golden_requests")),
         models=tuple(raw.get("models", ())),

@@ -154,6 +154,15 @@ class FreshModel:
         triton_post(self.triton, f"/v2/repository/models/{self.name}/load")
 
 
+#: What serves listen.port in this run: the configured default (rust), or the Python listener alone
+#: with SIDECAR_TEST_FRONT=python.
+TEST_FRONT = os.environ.get("SIDECAR_TEST_FRONT", load_config(None, environ={}).listen.front)
+#: What serves listen.grpc_port: the configured default (rust, the data plane's gRPC front) unless
+#: SIDECAR_TEST_GRPC_FRONT says otherwise; grpcio with the Python listener (the config's own rule).
+TEST_GRPC_FRONT = os.environ.get(
+    "SIDECAR_TEST_GRPC_FRONT", "python" if TEST_FRONT == "python" else load_config(None, environ={}).listen.grpc_front)
+
+
 def sidecar_config(server: LocalTriton, /, *, models: list[str], golden_dir: Path, **sections: dict) -> SidecarConfig:
     """The default config pointed at `triton`, with fast probes; `sections` override whole keys."""
     base = load_config(None, environ={})
@@ -166,11 +175,10 @@ def sidecar_config(server: LocalTriton, /, *, models: list[str], golden_dir: Pat
         # No gRPC front unless a test asks for one (with a free port): tests run many sidecars.
         # SIDECAR_TEST_FRONT=python runs a suite against the Python listener alone (make test does,
         # for the listener's modules); the configured default (rust, the data plane's front) else.
-        # SIDECAR_TEST_GRPC_FRONT=rust serves the gRPC port of every test that opens one with the data
-        # plane's gRPC front (make test's third pass, over the gRPC modules).
-        listen=replace(base.listen, host="127.0.0.1", port=0, grpc_port=0,
-                       front=os.environ.get("SIDECAR_TEST_FRONT", base.listen.front),
-                       grpc_front=os.environ.get("SIDECAR_TEST_GRPC_FRONT", base.listen.grpc_front)),
+        # SIDECAR_TEST_GRPC_FRONT=python serves the gRPC port of every test that opens one with grpcio
+        # alone (make test's third pass, over the gRPC modules); TEST_GRPC_FRONT says which.
+        listen=replace(base.listen, host="127.0.0.1", port=0, grpc_port=0, front=TEST_FRONT,
+                       grpc_front=TEST_GRPC_FRONT),
         models=tuple(models),
         golden_dir=golden_dir,
         probes=probes,

@@ -132,8 +132,13 @@ def test_config_is_frozen():
         config.probes.interval_s = 1  # type: ignore[misc]
 
 
-def test_the_rust_grpc_front_serves_tls_needs_the_rust_http_front_and_is_off_by_default(tmp_path):
-    assert load_config(None, environ={}).listen.grpc_front == "python"
+def test_the_rust_grpc_front_serves_tls_needs_the_rust_http_front_and_is_the_default(tmp_path):
+    assert load_config(None, environ={}).listen.grpc_front == "rust"
+    # The Python listener keeps grpcio on the gRPC port unless the file says otherwise.
+    assert load_config(_file(tmp_path, "listen:\n  front: python\n"), environ={}).listen.grpc_front == "python"
+    assert load_config(None, environ={"SIDECAR_LISTEN_FRONT": "python"}).listen.grpc_front == "python"
+    explicit = _file(tmp_path, "listen:\n  front: python\n  grpc_front: python\n")
+    assert load_config(explicit, environ={}).listen.grpc_front == "python"
     # grpcs on the Rust gRPC front (issue 31, deliverable 4): tls.cert_file is no longer refused with it.
     tls = _file(tmp_path, "listen:\n  grpc_front: rust\ntls:\n  cert_file: c.pem\n  key_file: k.pem\n")
     config = load_config(tls, environ={})

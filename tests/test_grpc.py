@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import queue
 import shutil
 import time
@@ -38,16 +37,16 @@ from sidecar.devtools.tritonserver import free_port
 from sidecar.fronts.appkeys import LIFECYCLE
 from sidecar.fronts.grpc_server import CONTROL, SERVICE
 from sidecar.states import ModelState
-from tests.harness import REPO, triton_post, wait_for
+from tests.harness import REPO, TEST_GRPC_FRONT, triton_post, wait_for
 from tests.proxy_support import CREDIT_RULE, features, proxy_config, started_and_healthy, triton_successes
 
 DECOUPLED = "decoupled_counter"
 
-#: Which front serves listen.grpc_port in this run: make test runs these modules again with
-#: SIDECAR_TEST_GRPC_FRONT=rust (the data plane's gRPC front, issue 31's first slice).
-GRPC_FRONT = os.environ.get("SIDECAR_TEST_GRPC_FRONT", "python")
+#: Which front serves listen.grpc_port in this run: the data plane's by default; make test runs
+#: these modules again with SIDECAR_TEST_GRPC_FRONT=python (grpcio alone, while it exists).
+GRPC_FRONT = TEST_GRPC_FRONT
 rust_front_only = pytest.mark.skipif(GRPC_FRONT != "rust", reason="the data plane's gRPC front only "
-                                     "(SIDECAR_TEST_GRPC_FRONT=rust)")
+                                     "(this run: SIDECAR_TEST_GRPC_FRONT=python or the Python listener)")
 DECOUPLED_RULE = FilterRule(model=DECOUPLED, drop_outputs=("SECRET",))
 
 

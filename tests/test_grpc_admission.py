@@ -4,7 +4,7 @@ and answered right after it, or refused UNAVAILABLE with the quarantine's reason
 `grpc-retry-pushback-ms`; calls that come while a failed round is being confirmed wait for its
 verdict (proxy.hold_while_suspect_ms); a held call its client cancels frees its hold and is counted
 CANCELLED; unpinned calls to a model whose newest version is broken are answered by the trusted one
-(the fallback). On the Rust gRPC front (SIDECAR_TEST_GRPC_FRONT=rust) not one
+(the fallback). On the Rust gRPC front (the default) not one
 of them is handed to the Python gRPC server or enters the Python request chain."""
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from sidecar.fronts.grpc_server import SERVICE
 from sidecar.fronts.tls import HANDSHAKE_REASONS, handshake_reason
 from sidecar.serving.drift import load_reference
 from sidecar.states import ModelState
-from tests.harness import GOLDEN, REPO, wait_for
+from tests.harness import GOLDEN, REPO, TEST_FRONT, TEST_GRPC_FRONT, wait_for
 from tests.proxy_support import credit_json, features, proxy_config, started_and_healthy
 from tests.tls_support import (
     HttpsConnection,
@@ -59,11 +59,11 @@ ALLOWED_SAN = "spiffe://bank.example/ns/fraud/sa/scorer"
 SERVES_ON_ASYNCIO_LOOP = True
 
 #: The front the `run` command is started with (make test runs this file again with python).
-FRONT = os.environ.get("SIDECAR_TEST_FRONT", "rust")
-#: What serves listen.grpc_port (tests/harness.py; make test runs this file again with rust: the data
-#: plane's gRPC front terminates TLS itself with rustls, refuses a SAN at the handshake, honours
-#: min_version, counts its failed handshakes by reason).
-GRPC_FRONT = os.environ.get("SIDECAR_TEST_GRPC_FRONT", "python")
+FRONT = TEST_FRONT
+#: What serves listen.grpc_port (tests/harness.py): by default the data plane's gRPC front, which
+#: terminates TLS itself with rustls, refuses a SAN at the handshake, honours min_version and counts
+#: its failed handshakes by reason; make test runs this file again with grpcio (python).
+GRPC_FRONT = TEST_GRPC_FRONT
 
 
 @pytest.fixture(scope="module")
