@@ -9,6 +9,7 @@ import contextlib
 import json
 import re
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -108,6 +109,17 @@ def triton_successes(triton: LocalTriton, model: str, version: str = "1") -> flo
     pattern = rf'^nv_inference_request_success\{{model="{re.escape(model)}",version="{re.escape(version)}"\}} (\S+)$'
     match = re.search(pattern, text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
+
+
+async def triton_counted(triton: LocalTriton, model: str, reaching: float, version: str = "1",
+                         timeout: float = 5.0) -> float:
+    """`triton_successes` once it reaches `reaching`, or at the deadline: Triton counts an answer a
+    moment after sending it, so a count read once right after the answers can still lag. The caller
+    asserts the exact value (one more than expected is a call that should not have reached Triton)."""
+    deadline = time.monotonic() + timeout
+    while (count := triton_successes(triton, model, version)) < reaching and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return count
 
 
 async def raw_http(host: str, port: int, head: bytes, body_parts: list[bytes] = (),  # type: ignore[assignment]

@@ -24,7 +24,7 @@ from sidecar.fronts.grpc_server import SERVICE
 from sidecar.fronts.http_front import HttpFront
 from sidecar.states import ModelState
 from tests.harness import wait_for
-from tests.proxy_support import PythonEntries, features, started_and_healthy, triton_successes
+from tests.proxy_support import PythonEntries, features, started_and_healthy, triton_counted, triton_successes
 from tests.test_grpc import GRPC_FRONT, SyncStream, grpc_config
 from tests.test_versions import _pinnable, _pins_served, two_versions  # noqa: F401 (a fixture)
 
@@ -280,7 +280,7 @@ async def test_unpinned_grpc_calls_go_to_the_trusted_version_while_the_newest_is
     assert trailing.get("grpc-retry-pushback-ms") == "5000", trailing
     assert sidecar.metric("triton_sidecar_routed_total", model=model, version="1", reason="fallback") == (
         fallback_before + 5)
-    assert triton_successes(two_versions.triton, model, "1") - on_1 == 6
+    assert await triton_counted(two_versions.triton, model, on_1 + 6, "1") - on_1 == 6
     assert triton_successes(two_versions.triton, model, "2") == on_2
     if GRPC_FRONT == "rust":
         assert front.grpc_handovers == handovers, "a call was handed to the Python gRPC server"

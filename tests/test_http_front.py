@@ -36,6 +36,7 @@ from tests.proxy_support import (
     proxy_config,
     served_by_front,
     started_and_healthy,
+    triton_counted,
     triton_successes,
 )
 
@@ -108,7 +109,7 @@ async def test_infer_to_a_trusted_model_never_enters_the_python_chain(triton, st
     assert set().union(*results) == {python_answer}  # every answer the Python chain's, filtered alike
     assert python_answer[0] == 200 and b"income_prob" not in python_answer[1]
     assert front.fast_requests - before_fast == FAST_REQUESTS
-    assert triton_successes(triton, "credit_risk") - before_triton == FAST_REQUESTS
+    assert await triton_counted(triton, "credit_risk", before_triton + FAST_REQUESTS) - before_triton == FAST_REQUESTS
     assert entries == 0
     await wait_for(lambda: sidecar.metric("triton_sidecar_proxy_requests_total", protocol="http",
                                           model="credit_risk", code="200") >= FAST_REQUESTS, 5,
@@ -178,7 +179,8 @@ async def test_infer_and_generate_pinned_to_a_trusted_version_are_served_by_the_
         assert (status, content_type) == python_stream[:2]
         assert [event for _, event in events] == [event for _, event in python_stream[2]]
     # Triton answered them as version 1 (the URL the front sent names it)...
-    assert triton_successes(triton, "credit_risk", "1") - before_triton == 2 * PINNED_REQUESTS
+    assert await triton_counted(triton, "credit_risk", before_triton + 2 * PINNED_REQUESTS) - before_triton == (
+        2 * PINNED_REQUESTS)
     # ... and routed_total counts infer and generate as pinned, as the Python chain does (a stream
     # is not routed).
     assert _routed_pinned(sidecar, "credit_risk", "1") - routed[0] == 2 * PINNED_REQUESTS
@@ -240,7 +242,8 @@ async def test_a_model_with_a_rule_file_is_served_and_refused_by_the_front(trito
     assert python.count == 0
     assert front.handovers == before_handed
     assert front.fast_requests - before_fast == len(requests)
-    assert triton_successes(triton, "credit_risk") - before_triton == 2  # the refused ones never reach it
+    # The refused ones never reach it.
+    assert await triton_counted(triton, "credit_risk", before_triton + 2) - before_triton == 2
     assert front_answers == python_answers  # status and body, byte for byte the Python chain's
     assert front_answers["json within the rules"][0] == front_answers["binary within the rules"][0] == 200
     refusals = {name: (status, json.loads(body)) for name, (status, body) in front_answers.items() if status != 200}
@@ -621,7 +624,7 @@ async def test_compressed_infer_bodies_are_inflated_by_the_front(triton, start):
     assert front.handovers == before_handed
     assert front.fast_requests - before_fast == 9
     assert answers["gzip"] == answers["deflate"] == answers["GZIP"] == answers["br"] == plain
-    assert triton_successes(triton, "credit_risk") == before_successes + 4
+    assert await triton_counted(triton, "credit_risk", before_successes + 4) == before_successes + 4
     assert answers["br bomb"][0] == 413
     assert json.loads(answers["br garbage"][1])["error"] == (
         "request body cannot be read (br): 400, message:\n  Can not decode content-encoding: br")

@@ -20,7 +20,7 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from tests.harness import wait_for
-from tests.proxy_support import credit_json, proxy_config, started_and_healthy, triton_successes
+from tests.proxy_support import credit_json, proxy_config, started_and_healthy, triton_counted, triton_successes
 
 CREDIT = "/v2/models/credit_risk/infer"
 LIMIT = 4 * 1024 * 1024
@@ -149,7 +149,7 @@ async def test_pipelined_requests_before_a_refused_one_get_their_answers(triton,
     assert answers[0][2] == answers[1][2] and "outputs" in json.loads(answers[0][2])
     assert json.loads(answers[2][2])["reason"] == "body_too_large"
     assert await asyncio.wait_for(reader.read(), 5) == b""
-    assert triton_successes(triton, "credit_risk") == before + 2
+    assert await triton_counted(triton, "credit_risk", before + 2) == before + 2
     writer.close()
 
 

@@ -143,8 +143,13 @@ fn quarantine_refusal(now: &Snapshot, model: &str) -> Reply {
 }
 
 fn released(model: &str) -> Reply {
-    let message = format!("model {model} is no longer guarded by the sidecar (released)");
-    refusal("unknown_model", 404, &message, model, &[])
+    refusal("unknown_model", 404, &released_message(model), model, &[])
+}
+
+/// What a request or a stream to a model the sidecar stopped guarding is told
+/// (Admission.quarantine_refusal's words).
+pub fn released_message(model: &str) -> String {
+    format!("model {model} is no longer guarded by the sidecar (released)")
 }
 
 /// A request held for a heal, in the front's holding count (what `Admission.holding` adds up)

@@ -31,6 +31,7 @@ use crate::protocol::pytext::{cut, format_g, rapidjson_string};
 use crate::protocol::sse::{write_event, EventSplitter};
 use crate::serving::generation::{check_generate_request, needs_screening, screen_event};
 
+use super::admission;
 use super::events::{AccessRecord, Event};
 use super::generate::{body_refusal, error_message, is_stub_dead, non_finite_message, upstream_headers};
 use super::lane::{self, slot, upstream_refusal, InFlight, Infer};
@@ -371,6 +372,10 @@ fn signal_failed(shared: &Shared, model: &str, kind: &'static str, status: u16, 
 /// whatever version it reaches (the Python chain's stream ends as soon as its model stops serving).
 fn quarantined(shared: &Shared, model: &str) -> Option<Ending> {
     let snapshot = shared.state.load();
+    if !snapshot.guards.contains_key(model) {
+        // Released (no longer guarded): the 404 a new request to it gets, as its last event.
+        return Some(Ending::new("unknown_model", admission::released_message(model)));
+    }
     let ended = snapshot.ended.get(model)?;
     let mut ending = Ending::new("quarantined", lane::triton_error_message(&ended.body));
     ending.event = Some(ended.event.clone());

@@ -44,6 +44,7 @@ use prost::Message;
 use tokio::sync::mpsc;
 use tokio::time::sleep_until;
 
+use crate::front::admission;
 use crate::front::connection::{panic_message, request_id, trace_id, UNKNOWN_LABEL};
 use crate::front::documents;
 use crate::front::events::{AccessRecord, Event};
@@ -532,9 +533,13 @@ fn in_stream(reason: &str, message: &str, request_id: &str) -> Bytes {
 }
 
 /// A joined model stopped being trusted: the refusal Python published for it ends the stream
-/// (Admission.until_untrusted; the stream's models are quarantined whole or not at all).
+/// (Admission.until_untrusted; the stream's models are quarantined whole or not at all); one the
+/// sidecar no longer guards (released) ends it NOT_FOUND, as a new call to it is refused.
 fn quarantined(shared: &Shared, joined: &[String]) -> Option<Ending> {
     let snapshot = shared.state.load();
+    if let Some(model) = joined.iter().find(|model| !snapshot.guards.contains_key(*model)) {
+        return Some(Ending::new("unknown_model", admission::released_message(model)));
+    }
     let ended = joined.iter().find_map(|model| snapshot.ended.get(model))?;
     let mut ending = Ending::new(&ended.reason, lane::triton_error_message(&ended.body));
     ending.retry_after = ended.retry_after;
