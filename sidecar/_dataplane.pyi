@@ -140,6 +140,26 @@ def read_answer(
 def unknown_health_service(service: str) -> str:
     """grpc.health.v1 Check's NOT_FOUND message for a service that is neither "" nor a guarded model."""
 
+class DriftWindows:
+    """The drift windows (dataplane/src/serving/drift.rs): the lanes bin the answers they serve,
+    DriftMonitor feeds what the Python chain serves and reads the count tables."""
+
+    def __init__(self) -> None: ...
+    def set(self, references: list[tuple[str, str, list[tuple[str, int, int, bytes, list[float], bool]],
+                                         list[tuple[str, int, int, bytes, list[float], bool]]]],
+            window: int, sample_rate: float) -> None:
+        """references: (model, version key or "", inputs, outputs), each tensor (name, features, bins,
+        interior edges as float64 little-endian bytes, missing-value sentinels, NaN counts as
+        missing). A model whose references changed, or all for a new window, count from empty."""
+    def observe(self, model: str, version: str, inputs: list[tuple[str, bytes]],
+                outputs: list[tuple[str, bytes]]) -> None:
+        """One answered request: each tensor (name, float64 little-endian bytes)."""
+    def windows(self, model: str | None = None) -> list[tuple[str, str, str,
+                                                            list[tuple[str, int, bytes, bytes, float]],
+                                                            list[tuple[str, int, bytes, bytes, float]]]]:
+        """(model, version, reference key, inputs, outputs): each tensor (name, rows, the
+        (features, bins + 1) table and the per-bin total as uint64 little-endian bytes, sum)."""
+
 class HttpFront:
     """The data plane's HTTP front on listen.port (sidecar/fronts/http_front.py drives it)."""
 
@@ -156,8 +176,10 @@ class HttpFront:
         tls: tuple[bytes, bytes, bytes | None, list[str], str] | None = None,
         tracing: tuple[str, bytes | None, tuple[bytes, bytes] | None, float, bool, str, str, list[tuple[str, str]],
                        int, int, float, float] | None = None,
+        drift: DriftWindows | None = None,
     ) -> None:
-        """tracing: (endpoint, the CA bundle PEM of an https:// endpoint, the client certificate chain
+        """drift: the windows the lanes count measured answers in (DriftMonitor.windows).
+        tracing: (endpoint, the CA bundle PEM of an https:// endpoint, the client certificate chain
         and key PEM it is shown or None, sample_rate, parent_based, service_name, service.version,
         resource attributes, queue_size, batch_size, export_delay_s, export_timeout_s): one span per
         request, exported by the front; None: tracing off (no span, no exporter)."""

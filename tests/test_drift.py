@@ -14,18 +14,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as grpcclient
+from tritonclient.grpc import service_pb2 as pb
 
 from sidecar.cli.main import main
 from sidecar.config import ConfigError, SidecarConfig
 from sidecar.devtools.tritonserver import LocalTriton, free_port
 from sidecar.fronts.appkeys import HEALER, SERVING
+from sidecar.fronts.grpc_server import SERVICE
+from sidecar.fronts.http_front import HttpFront
 from sidecar.serving.drift import PSI_FLOOR, DriftMonitor, ReferenceFileError, load_reference, parse_reference
 from sidecar.states import ModelState
 from tests.harness import FAULTY_TEMPLATE, GOLDEN, REPO, RunningSidecar, sidecar_config, triton_post, wait_for
-from tests.proxy_support import started_and_healthy
+from tests.proxy_support import PythonEntries, served_by_front, started_and_healthy
 
 MODEL = "credit_risk"
 #: Rows per request: 16-row batches keep a 1,000-row window to 63 requests.
@@ -91,8 +95,13 @@ async def test_reference_traffic_stays_quiet_and_a_two_sigma_shift_is_named_with
         triton, tmp_path, start):
     reference_dir = record(triton, tmp_path)
     sidecar = await started_and_healthy(start, drift_config(triton, reference_dir, [MODEL], degrade_above_psi=0.25))
+    await served_by_front(sidecar.server, MODEL)
 
-    await send(sidecar, rows(WINDOW, seed=2))
+    with PythonEntries(sidecar.app[SERVING]) as entries:
+        await send(sidecar, rows(WINDOW, seed=2))
+    if isinstance(sidecar.server, HttpFront):
+        # A measured model is a lane: its answers are binned by the data plane, Python never entered.
+        assert entries.count == 0, "a measured request entered the Python chain"
     quiet = max_psi(sidecar)
     assert quiet is not None and quiet < 0.1, f"max PSI {quiet} on traffic drawn like the reference"
     _, status = await sidecar.get("/status")
@@ -243,7 +252,25 @@ async def test_grpc_traffic_is_measured_like_http(triton, tmp_path, start):
     config = drift_config(triton, reference_dir, [MODEL])
     config = replace(config, listen=replace(config.listen, grpc_port=free_port()))
     sidecar = await started_and_healthy(start, config)
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{config.listen.grpc_port}")
+    await served_by_front(sidecar.server, MODEL)
+    front = sidecar.server
+    rust_grpc = isinstance(front, HttpFront) and front.grpc_port
+    handovers = front.grpc_handovers if rust_grpc else 0
+    target = f"127.0.0.1:{config.listen.grpc_port}"
+    # Typed contents first (half a window): read from the message's fp32_contents.
+    typed = rows(WINDOW // 2, seed=11, shift=2.0)
+    async with grpc.aio.insecure_channel(target) as channel:
+        infer = channel.unary_unary(f"/{SERVICE}/ModelInfer", request_serializer=pb.ModelInferRequest.SerializeToString,
+                                    response_deserializer=pb.ModelInferResponse.FromString)
+        for batch in (typed[i: i + BATCH] for i in range(0, len(typed), BATCH)):
+            request = pb.ModelInferRequest(model_name=MODEL)
+            tensor = request.inputs.add(name="features", datatype="FP32", shape=list(batch.shape))
+            tensor.contents.fp32_contents.extend(batch.ravel().tolist())
+            await infer(request, timeout=10)
+    (reading,) = sidecar.app[SERVING].drift.readings(MODEL)
+    assert reading.rows == len(typed)
+    # Then raw_input_contents, as tritonclient sends them: a whole window.
+    client = grpcclient.InferenceServerClient(target)
     try:
         x = rows(WINDOW, seed=9, shift=2.0)
         for batch in (x[i: i + BATCH] for i in range(0, WINDOW, BATCH)):
@@ -252,6 +279,10 @@ async def test_grpc_traffic_is_measured_like_http(triton, tmp_path, start):
             await client.infer(MODEL, [tensor])
     finally:
         await client.close()
+    if rust_grpc:
+        assert front.grpc_handovers == handovers, "a measured call was handed to the Python gRPC server"
+    (reading,) = sidecar.app[SERVING].drift.readings(MODEL)
+    assert reading.rows == WINDOW
     shifted = psi(sidecar, "features", str(SHIFTED))
     assert shifted is not None and shifted > 0.25, shifted
 
@@ -345,24 +376,33 @@ def test_psi_is_zero_for_the_reference_itself_and_floors_empty_bins():
 
 
 def test_the_window_counts_exactly_the_last_window_rows_after_it_wraps():
-    from sidecar.serving.drift import TensorWindow, reference_from_values
+    from sidecar.serving.drift import reference_from_values
 
     rng = np.random.default_rng(4)
     reference = parse_reference(reference_from_values("m", "", {"x": ("FP64", rng.standard_normal((3000, 5)))}, {}),
-                                Path("m.json")).inputs["x"]
-    window = TensorWindow(reference, 100, (-999.0,), count_nan=False)
+                                Path("m.json"))
+    drift = replace(SidecarConfig().drift, window=100, missing_sentinels={"m": {"x": (-999.0,)}})
+    monitor = DriftMonitor(drift, {("m", ""): reference})
     seen = rng.standard_normal((257, 5))
     seen[rng.random(seen.shape) < 0.1] = -999.0
-    window.add(seen[:7])  # a batch, then single rows: both paths
+    monitor.observe("m", "1", [("x", "FP64", (7, 5), seen[:7])], [], batched=True)  # a batch, then single rows
     for row in seen[7:]:
-        window.add(row[None, :])
+        monitor.observe("m", "1", [("x", "FP64", (1, 5), row[None, :])], [], batched=True)
     last = seen[-100:]
-    want = np.zeros((5, reference.bins + 1), dtype=np.int64)
+    edges = reference.inputs["x"].edges
+    want = np.zeros((5, reference.inputs["x"].bins + 1), dtype=np.int64)
     for f in range(5):
         present = last[:, f][last[:, f] != -999.0]
-        cuts = reference.edges[f][np.isfinite(reference.edges[f])]
+        cuts = edges[f][np.isfinite(edges[f])]
         want[f, : len(cuts) + 1] = np.bincount(np.searchsorted(cuts, present, side="right"), minlength=len(cuts) + 1)
         want[f, -1] = int((last[:, f] == -999.0).sum())
-    assert window.rows == 100
-    assert np.array_equal(window.table(), want)
-    assert window.missing_ratio() == pytest.approx((last == -999.0).mean())
+    (window,) = monitor.windows_now("m")
+    counted = window.inputs["x"]
+    assert counted.rows == 100
+    assert np.array_equal(counted.table(), want)
+    assert counted.missing_ratio() == pytest.approx((last == -999.0).mean())
+    # The same values as float32 bytes (a binary request's section) land in the same cells.
+    again = DriftMonitor(drift, {("m", ""): reference})
+    again.observe("m", "1", [("x", "FP32", (100, 5), last.astype("<f4").tobytes())], [], batched=True)
+    (window,) = again.windows_now("m")
+    assert window.inputs["x"].rows == 100 and window.inputs["x"].missing_ratio() == counted.missing_ratio()

@@ -14,7 +14,7 @@ the rest of the v2 routes as http_routes does (Triton's documents and statistics
 readiness, the control API refused, the router's 404s and 405s: dataplane/src/front/documents.rs),
 and inflates gzip/deflate/br infer bodies. Everything else (kubelet endpoints, /metrics, a filtered
 model's pinned or ensemble documents, a version whose spec is not fetched yet or that is not loaded,
-a rollout, a stream to a version a partial quarantine spares, a drift reference) is handed, with the
+a rollout, a stream to a version a partial quarantine spares, a live recording) is handed, with the
 very bytes the client sent, to the Python listener (sidecar.fronts.http_listener) on a loopback port
 behind it, which answers exactly as before.
 
@@ -27,6 +27,7 @@ with listen.port) and the grpcio server behind it stays plaintext on loopback to
 
 This module is the control plane's side of that boundary:
 - **down**: which models are lanes, with their spec, hidden outputs, NaN screening, generate limits
+  (the drift windows the lanes bin measured answers in are DriftMonitor's, handed over at start)
   and the streams' idle bound, every guarded model's admission (suspect, may be held, fallback),
   and the refusal owed to requests (at Triton too, and the error event owed to open streams) when
   a model stops being trusted, the answers of /v2/health/live and /ready, what the document routes
@@ -82,7 +83,7 @@ tls_log = structlog.get_logger("sidecar.tls")
 #: How often (s) the front's routine events (usable answers) are drained and its lanes looked at
 #: again while it serves. Events the health loop or the log must have now (a failure, NaN/Inf, a
 #: panic, an access-log line) wake the loop at once through a socket pair; state transitions,
-#: reloads and whatever takes a lane away (a rollout, a drift reference or recording, a spec
+#: reloads and whatever takes a lane away (a rollout, a live recording, a spec
 #: dropped) publish at once; traffic alone never wakes Python.
 TICK_S = 0.05
 #: The tick when the front has served nothing since the last one: what it still catches (a model
@@ -188,7 +189,7 @@ class HttpFront:
             self._native = NativeFront(host, port, listen.max_connections, listen.workers, self.back.port, upstream,
                                        {k: float(v) for k, v in limits.items()}, self.core.metrics.requests,
                                        tls=_tls_material(tls, tls.material) if tls is not None else None,
-                                       tracing=_tracing(config.tracing))
+                                       tracing=_tracing(config.tracing), drift=self.core.drift.windows)
         except ValueError as e:  # rustls refused what OpenSSL accepted: a start-up error naming the key
             await self.back.close()
             raise TlsFileError(str(e)) from e
@@ -404,9 +405,9 @@ class HttpFront:
             if not trusted and core.settings.version_fallback:
                 fallback = fallback_version(health, health.default_version, None)
             guards.append((model, health.suspect, health.state is not ModelState.FAILED, fallback))
-            if core.rollouts.get(model) is not None or core.drift.measures(model):
+            if core.rollouts.get(model) is not None or core.drift.records(model):
                 self._last_lanes.pop(model, None)
-                continue  # a rollout, drift binning and live recording are the Python chain's
+                continue  # a rollout and live recording are the Python chain's (drift binning is the lane's)
             spec = core.specs.cached(model, "")
             if spec is None:
                 if trusted:

@@ -7,24 +7,23 @@ Why it looks the way it does:
   holds, per input feature and per output element, quantile bin edges, the reference's count in each
   bin, and its share of missing values. Quantile edges put about the same share of the reference in
   every bin, which is what makes PSI sensitive where the data actually lies.
-- Per request the work is a few vectorised numpy calls per tensor: one `searchsorted` bins a whole
-  row against every feature's edges, the bin numbers become flat cells of a (feature, bin) table,
-  and the row's cells overwrite the oldest row of a ring of `window` rows. The count table is built
-  from the ring when PSI is asked for (one `bincount`, ~0.2 ms for 1,000 x 128 at a scrape), not kept
-  up to date per request: two scattered updates per row (add the new cells, remove the old row's)
-  cost ~5 us, a quarter of the 20 us budget, for a table read every 15-30 s.
+- Per request the work is the data plane's (sidecar._dataplane.DriftWindows,
+  dataplane/src/serving/drift.rs): each value binned against its feature's edges, and the row's
+  cells overwrite the oldest row of a ring of `window` rows. The fronts' lanes count the answers they
+  serve there without Python; the Python chain hands its decoded tensors to the same windows
+  (`DriftMonitor.observe`). The count table is built from the ring when PSI is asked for (a scrape,
+  /status), not kept up to date per request.
 - Missing values (the configured sentinels per input; NaN where validation lets it through) go to an
   extra cell per feature: they count for the missing ratio and not for the distribution.
 - Models without a reference cost one dict lookup per request and nothing else.
 - Nothing here writes model state: a drifted model is reported (metrics, /status) and still served,
   because no reload can fix a world that changed (issue 22).
 
-Pure logic and numpy: no aiohttp, no grpc (import-linter contract).
+Pure logic, numpy and the data plane's windows: no aiohttp, no grpc (import-linter contract).
 """
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 import random
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from sidecar._dataplane import DriftWindows
 from sidecar.config import DriftSection
 from sidecar.protocol.answers import BINARY_DTYPES
 from sidecar.protocol.datatypes import FLOAT_DATATYPES
@@ -275,94 +275,34 @@ def checked_reference(path: Path) -> Reference:
 
 
 # -- the live window --------------------------------------------------------------------------------------
+# The windows themselves (binning, the ring of the last drift.window rows) are the data plane's:
+# sidecar._dataplane.DriftWindows (dataplane/src/serving/drift.rs), fed by the fronts' lanes and by
+# `DriftMonitor.observe` for what the Python chain serves. Python reads their count tables when
+# someone asks (a scrape, /status) and computes PSI and missing ratios from them here.
 
 
-class TensorWindow:
-    """The last `window` rows of one tensor, as a (feature, bin + missing) count table."""
+@dataclass(frozen=True)
+class TensorCounts:
+    """What one tensor's window holds now."""
 
-    def __init__(self, reference: TensorReference, window: int, sentinels: Sequence[float], count_nan: bool) -> None:
-        import numpy as np
-
-        self.reference = reference
-        self.window = window
-        features, bins = reference.features, reference.bins
-        # Every feature's edges in one sorted array, so one searchsorted bins a whole row: complex
-        # numbers sort by real part, then imaginary part, so (feature + 1j * edge) orders the edges by
-        # feature first, and (feature + 1j * value) lands among its own feature's edges only.
-        self._flat_edges = (np.arange(features)[:, None] + 1j * reference.edges).ravel()
-        self._query = np.empty(features, dtype=np.complex128)
-        self._query.real = np.arange(features)
-        #: searchsorted's answer minus this = the cell of (feature f, bin b) in the flat table,
-        #: f * (bins + 1) + b; bin `bins` of each feature counts its missing values.
-        self._to_cell = np.arange(features) * (bins - 1) - np.arange(features) * (bins + 1)
-        self._missing_cell = np.arange(features) * (bins + 1) + bins
-        self._scalar_edges = [float(e) for e in reference.edges[0] if math.isfinite(e)] if features == 1 else None
-        #: The cells of the last `window` rows (slots 0..rows-1 are filled, in order, until it is full).
-        self._ring = np.zeros((window, features), dtype=np.int64)
-        self._next = 0
-        self.rows = 0
-        #: Rows ever added, and the table counted at that many (a scrape and /status share one count).
-        self._added = 0
-        self._counted: tuple[int, np.ndarray] | None = None
-        self._sentinels = tuple(float(v) for v in sentinels)
-        self._count_nan = count_nan and reference.datatype in FLOAT_DATATYPES
-        #: Every row ever seen, per bin (the output histogram is cumulative, as Prometheus wants).
-        self.total = np.zeros(bins, dtype=np.int64)
-        self.sum = 0.0
-
-    def add(self, values: np.ndarray) -> None:
-        """Count `values`, shaped (rows, features), and forget the rows that fall out of the window."""
-        if len(values) == 1:
-            self._add_row(values[0])
-            return
-        for row in values[-self.window:]:
-            self._add_row(row)
-
-    def _add_row(self, row: np.ndarray) -> None:
-        import numpy as np
-
-        if self._scalar_edges is not None:
-            cells: Any = self._scalar_cell(float(row[0]))
-        else:
-            self._query.imag = row
-            cells = np.searchsorted(self._flat_edges, self._query, side="right") - self._to_cell
-            if self._sentinels or self._count_nan:
-                missing = np.isnan(row) if self._count_nan else np.zeros(len(row), dtype=bool)
-                for sentinel in self._sentinels:  # one comparison each: np.isin costs ten times more
-                    missing |= row == sentinel
-                if missing.any():
-                    cells = np.where(missing, self._missing_cell, cells)
-        slot = self._next
-        if self.rows < self.window:
-            self.rows += 1
-        self._ring[slot] = cells
-        self._next = (slot + 1) % self.window
-        self._added += 1
-
-    def _scalar_cell(self, value: float) -> int:
-        """The cell of a one-feature row, in plain Python: cheaper than any numpy call for one value."""
-        if (value != value and self._count_nan) or value in self._sentinels:  # NaN, or "missing"
-            return self.reference.bins
-        cell = bisect.bisect_right(self._scalar_edges, value)  # type: ignore[type-var]
-        self.total[cell] += 1
-        self.sum += value
-        return cell
+    reference: TensorReference
+    #: drift.window: the rows a full window holds.
+    window: int
+    rows: int
+    #: (features, bins + 1) counts of the window's rows; the last column counts missing values.
+    counts: np.ndarray
+    #: Every row ever seen, per bin (a one-feature tensor's cumulative histogram), and their sum.
+    total: np.ndarray
+    sum: float
 
     def table(self) -> np.ndarray:
-        """(features, bins + 1) counts in the window; the last column counts missing values."""
-        import numpy as np
-
-        if self._counted is None or self._counted[0] != self._added:
-            cells = self.reference.features * (self.reference.bins + 1)
-            table = np.bincount(self._ring[: self.rows].ravel(), minlength=cells)
-            self._counted = (self._added, table.reshape(self.reference.features, self.reference.bins + 1))
-        return self._counted[1]
+        return self.counts
 
     def psi(self) -> np.ndarray:
         """(features,) population stability index of the window against the reference."""
         import numpy as np
 
-        counts = self.table()[:, :-1]
+        counts = self.counts[:, :-1]
         actual = np.maximum(counts / np.maximum(counts.sum(axis=1, keepdims=True), 1), PSI_FLOOR)
         expected = self.reference.expected
         return ((actual - expected) * np.log(actual / expected)).sum(axis=1)  # type: ignore[no-any-return]
@@ -371,24 +311,24 @@ class TensorWindow:
         """Share of the window's values (all features) that were missing."""
         if not self.rows:
             return 0.0
-        return float(self.table()[:, -1].sum() / (self.rows * self.reference.features))
+        return float(self.counts[:, -1].sum() / (self.rows * self.reference.features))
 
 
 @dataclass
 class ModelWindow:
-    """One model version's windows, one per measured tensor."""
+    """One model version's windows, one per measured tensor, as read now."""
 
     model: str
     version: str
     reference: Reference
-    inputs: dict[str, TensorWindow]
-    outputs: dict[str, TensorWindow]
+    inputs: dict[str, TensorCounts]
+    outputs: dict[str, TensorCounts]
 
     @property
     def rows(self) -> int:
         return max((tw.rows for _, tw in self.tensors()), default=0)
 
-    def tensors(self) -> Iterator[tuple[str, TensorWindow]]:
+    def tensors(self) -> Iterator[tuple[str, TensorCounts]]:
         yield from self.inputs.items()
         yield from self.outputs.items()
 
@@ -426,7 +366,10 @@ class DriftMonitor:
         self._rng = rng
         self._references: dict[tuple[str, str], Reference] = dict(references)
         self._models = {model for model, _ in self._references}
-        self._windows: dict[tuple[str, str], ModelWindow] = {}
+        #: The windows, in the data plane (the HTTP front's lanes count in these too: HttpFront's
+        #: `drift` argument).
+        self.windows = DriftWindows()
+        self._publish()
         #: Watchers of live recording (record-reference --live): model -> recorders.
         self.recorders: dict[str, list[LiveRecorder]] = {}
         #: Why the last reload of the reference files was refused (file and key); None once one loads.
@@ -445,6 +388,11 @@ class DriftMonitor:
     def measures(self, model: str) -> bool:
         """Requests to `model` are binned (a reference) or recorded (record-reference --live)."""
         return model in self._models or model in self.recorders
+
+    def records(self, model: str) -> bool:
+        """Someone records `model`'s answers (record-reference --live): the Python chain's to serve
+        (a recorder holds raw values in Python)."""
+        return model in self.recorders
 
     def add_recorder(self, recorder: LiveRecorder) -> None:
         self.recorders.setdefault(recorder.model, []).append(recorder)
@@ -473,33 +421,50 @@ class DriftMonitor:
         `batched`: the first dimension of every tensor is the batch (the model's max_batch_size > 0)."""
         for recorder in self.recorders.get(model, ()):
             recorder.add(version, inputs, outputs, batched)
-        window = self._window(model, version)
-        if window is None:
-            return
-        for tensors, windows in ((inputs, window.inputs), (outputs, window.outputs)):
-            for name, datatype, _, values in tensors:
-                tw = windows.get(name)
-                if tw is None:
-                    continue
-                rows = _rows(datatype, values, tw.reference.features)
-                if rows is not None:
-                    tw.add(rows)
+        if model in self._models:
+            self.windows.observe(model, version, _floats(inputs), _floats(outputs))
 
-    def _window(self, model: str, version: str) -> ModelWindow | None:
-        window = self._windows.get((model, version))
-        if window is not None:
-            return window
-        reference = self._references.get((model, version)) or self._references.get((model, ""))
-        if reference is None:
-            return None
-        sentinels = self.settings.missing_sentinels.get(model, {})
-        size = self.settings.window
-        window = ModelWindow(
-            model, version, reference,
-            {n: TensorWindow(t, size, sentinels.get(n, ()), self.count_nan) for n, t in reference.inputs.items()},
-            {n: TensorWindow(t, size, (), self.count_nan) for n, t in reference.outputs.items()})
-        self._windows[(model, version)] = window
-        return window
+    def _publish(self) -> None:
+        """Hand the data plane's windows what they bin against now (a start, a reload, new settings)."""
+        published = []
+        for (model, version), reference in sorted(self._references.items()):
+            sentinels = self.settings.missing_sentinels.get(model, {})
+            published.append((model, version,
+                              [self._bins(t, sentinels.get(n, ())) for n, t in reference.inputs.items()],
+                              [self._bins(t, ()) for t in reference.outputs.values()]))
+        self.windows.set(published, self.settings.window, self.settings.sample_rate)
+
+    def _bins(self, tensor: TensorReference,
+              sentinels: Sequence[float]) -> tuple[str, int, int, bytes, list[float], bool]:
+        import numpy as np
+
+        edges = np.ascontiguousarray(tensor.edges, dtype="<f8").tobytes()
+        count_nan = self.count_nan and tensor.datatype in FLOAT_DATATYPES
+        return tensor.name, tensor.features, tensor.bins, edges, [float(v) for v in sentinels], count_nan
+
+    def windows_now(self, model: str | None = None) -> list[ModelWindow]:
+        """Every measured model version's windows as they hold now, sorted by (model, version)."""
+        import numpy as np
+
+        found = []
+        for model_, version, key, inputs, outputs in self.windows.windows(model):
+            reference = self._references.get((model_, key))
+            if reference is None:
+                continue  # replaced in the instant between the two reads: the next read has it
+
+            def counted(tensors: Sequence[tuple[str, int, bytes, bytes, float]],
+                        of: Mapping[str, TensorReference]) -> dict[str, TensorCounts]:
+                out = {}
+                for name, rows, table, total, total_sum in tensors:
+                    t = of[name]
+                    counts = np.frombuffer(table, dtype="<u8").astype(np.int64).reshape(t.features, t.bins + 1)
+                    out[name] = TensorCounts(t, self.settings.window, rows, counts,
+                                             np.frombuffer(total, dtype="<u8").astype(np.int64), total_sum)
+                return out
+
+            found.append(ModelWindow(model_, version, reference, counted(inputs, reference.inputs),
+                                     counted(outputs, reference.outputs)))
+        return found
 
     # -- references ---------------------------------------------------------------------------------------
 
@@ -511,26 +476,22 @@ class DriftMonitor:
 
     def replace_references(self, references: Mapping[tuple[str, str], Reference]) -> None:
         """A reload: windows of a changed or removed reference start again (their bins changed)."""
-        for key in set(self._references) | set(references):
-            if self._references.get(key) is not references.get(key):
-                model = key[0]
-                for wkey in [k for k in self._windows if k[0] == model]:
-                    del self._windows[wkey]
         self._references = dict(references)
         self._models = {model for model, _ in self._references}
+        self._publish()
         self._changed()
 
     def reconfigure(self, settings: DriftSection, *, count_nan: bool) -> None:
-        if settings != self.settings or count_nan != self.count_nan:
-            self._windows.clear()  # a new window size or sentinel set: count again from empty
+        # A new window size, sentinel set or NaN rule counts again from empty (the data plane
+        # compares what it is handed with what it had).
         self.settings = settings
         self.count_nan = count_nan
+        self._publish()
 
     # -- readings -----------------------------------------------------------------------------------------
 
     def readings(self, model: str | None = None) -> list[DriftReading]:
-        return [_reading(w, self.settings.max_features) for (m, _), w in sorted(self._windows.items())
-                if model is None or m == model]
+        return [_reading(w, self.settings.max_features) for w in self.windows_now(model)]
 
     def status(self, model: str) -> dict[str, Any]:
         """The model's drift for /status; `degraded` only with drift.degrade_above_psi, and never in
@@ -559,6 +520,20 @@ class DriftMonitor:
 
     def collector(self) -> Collector:
         return _DriftCollector(self)
+
+
+def _floats(tensors: Sequence[Tensor]) -> list[tuple[str, bytes]]:
+    """The binnable tensors' values as float64 little-endian bytes, for the data plane's windows."""
+    import numpy as np
+
+    out = []
+    for name, datatype, _, values in tensors:
+        if datatype not in BINNABLE:
+            continue
+        if not isinstance(values, np.ndarray):
+            values = np.frombuffer(values, dtype=BINARY_DTYPES[datatype])
+        out.append((name, np.ascontiguousarray(values, dtype="<f8").tobytes()))
+    return out
 
 
 def _rows(datatype: str, values: Any, features: int) -> np.ndarray | None:
@@ -616,7 +591,8 @@ class _DriftCollector(Collector):
         histogram = HistogramMetricFamily("triton_sidecar_output_value", "Values of each scalar output, in "
                                           "the reference's bins.", labels=["model", "version", "output"])
         monitor = self.monitor
-        for (model, version), window in sorted(monitor._windows.items()):
+        for window in monitor.windows_now():
+            model, version = window.model, window.version
             reading = _reading(window, monitor.settings.max_features)
             if reading.measured:
                 for tensor in reading.tensors:

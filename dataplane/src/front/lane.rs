@@ -116,9 +116,7 @@ pub(super) fn count_answered(
 /// proxy.access_log_sample_rate (both ports' lanes ask here).
 pub(super) fn logged(shared: &Shared, failed: bool) -> bool {
     let rate = shared.settings.access_log_sample_rate;
-    failed
-        || rate >= 1.0
-        || (rate > 0.0 && ((super::connection::random_u64() >> 11) as f64 / (1u64 << 53) as f64) < rate)
+    failed || rate >= 1.0 || (rate > 0.0 && random_share() < rate)
 }
 
 /// Bodies past this many compressed bytes inflate on a blocking thread: up to
@@ -232,10 +230,20 @@ async fn answer(shared: &Shared, request: &mut Infer) -> Reply {
         Ok(answer) => {
             let reply = screen(shared, request, answer);
             request.span.phase("screening");
+            if reply.status == 200 && shared.drift.wants(model, random_share) {
+                // The answer as it leaves (hidden outputs removed), as the Python chain measured it.
+                let answer = (&reply.body[..], reply.header_length.map(|h| h as i64));
+                shared.drift.observe_documents(model, &request.version, (&request.body, request.header_length), answer);
+            }
             reply
         }
         Err(failure) => upstream_refusal(shared, model, failure),
     }
+}
+
+/// A uniform draw in [0, 1), for the lanes' samples (access log, drift).
+pub(super) fn random_share() -> f64 {
+    (super::connection::random_u64() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// The model's breaker (as sidecar/serving/breaker.py): a slot at once, or a place in the queue for

@@ -83,6 +83,9 @@ pub struct Shared {
     pub watchdog: Watchdog,
     /// Fault injection: a panic armed for a model's next lane request.
     pub injected_panic: InjectedPanic,
+    /// The drift windows the lanes count their measured answers in (the same the Python chain
+    /// feeds and the scrape reads: sidecar.serving.drift.DriftMonitor's).
+    pub drift: Arc<crate::serving::drift::DriftWindows>,
 }
 
 /// Fault injection for tests and drills (`HttpFront.panic_next`): the next lane request to one
@@ -151,6 +154,7 @@ impl Shared {
             holding: GaugeFamily::default(),
             watchdog: Watchdog::default(),
             injected_panic: InjectedPanic::default(),
+            drift: Arc::default(),
         }
     }
 

@@ -12,8 +12,8 @@ use tokio::sync::Semaphore;
 use crate::serving::generation::GenerateLimits;
 use crate::serving::validation::RequestSpec;
 
-/// One model the lane serves on its own: its spec fetched, no rollout, rule file or drift reference
-/// (those still go to the Python chain). Whether a request to it is served now, held or refused is
+/// One model the lane serves on its own: its spec fetched, no rollout or live recording (those
+/// still go to the Python chain). Whether a request to it is served now, held or refused is
 /// its `Guard`'s and `Ended`'s (front/admission.rs).
 pub struct Lane {
     pub spec: RequestSpec,

@@ -56,6 +56,18 @@ fn not_v2(what: impl Into<String>) -> NotV2 {
 
 /// Decode a 200 answer: `header_length` is its Inference-Header-Content-Length (None: all JSON).
 pub fn decode(body: &[u8], header_length: Option<i64>) -> Result<Answer, NotV2> {
+    decode_tensors(body, header_length, "outputs")
+}
+
+/// Decode an infer request's inputs (the same layout as an answer's outputs: `data`, or binary
+/// sections announced by `parameters.binary_data_size`), for the drift windows; `model_version` is
+/// None. Only a request validation passed is decoded.
+pub fn decode_inputs(body: &[u8], header_length: Option<i64>) -> Result<Answer, NotV2> {
+    decode_tensors(body, header_length, "inputs")
+}
+
+/// The tensors listed under `key` ("outputs", "inputs") of a v2 infer document.
+fn decode_tensors(body: &[u8], header_length: Option<i64>, key: &str) -> Result<Answer, NotV2> {
     let header_end = match header_length {
         None => body.len(),
         Some(h) => usize::try_from(h)
@@ -68,23 +80,24 @@ pub fn decode(body: &[u8], header_length: Option<i64>) -> Result<Answer, NotV2> 
         return Err(not_v2("the answer is not a JSON object"));
     }
     let model_version = doc.get("model_version").and_then(Value::as_str).map(str::to_owned);
-    let items = match doc.get("outputs") {
+    let items = match doc.get(key) {
         None => &[][..],
         Some(Value::Array(items)) => items.as_slice(),
-        Some(_) => return Err(not_v2("'outputs' is not a list")),
+        Some(_) => return Err(not_v2(format!("'{key}' is not a list"))),
     };
     // Binary sections follow the header in the order of the outputs that have one.
     let mut offset = header_end;
     let mut outputs = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
-        let field = |key: &str| item.get(key).ok_or_else(|| not_v2(format!("outputs[{i}] has no '{key}'")));
-        let text =
-            |key: &str| field(key)?.as_str().ok_or_else(|| not_v2(format!("outputs[{i}].{key} is not a string")));
+        let field = |field: &str| item.get(field).ok_or_else(|| not_v2(format!("{key}[{i}] has no '{field}'")));
+        let text = |field_name: &str| {
+            field(field_name)?.as_str().ok_or_else(|| not_v2(format!("{key}[{i}].{field_name} is not a string")))
+        };
         let (name, datatype) = (text("name")?.to_owned(), text("datatype")?.to_owned());
         let shape = field("shape")?
             .items()
             .and_then(|dims| dims.iter().map(integer).collect::<Option<Vec<i64>>>())
-            .ok_or_else(|| not_v2(format!("outputs[{i}].shape is not a list of integers")))?;
+            .ok_or_else(|| not_v2(format!("{key}[{i}].shape is not a list of integers")))?;
         let size = item.get("parameters").and_then(|p| p.get("binary_data_size"));
         let values = match size {
             Some(size) if *size != Value::Null && header_length.is_some() => {
@@ -92,12 +105,12 @@ pub fn decode(body: &[u8], header_length: Option<i64>) -> Result<Answer, NotV2> 
                     .and_then(|s| usize::try_from(s).ok())
                     .and_then(|s| offset.checked_add(s))
                     .filter(|&end| end <= body.len())
-                    .ok_or_else(|| not_v2(format!("outputs[{i}].binary_data_size outside the body")))?;
+                    .ok_or_else(|| not_v2(format!("{key}[{i}].binary_data_size outside the body")))?;
                 let section = Values::Binary { start: offset, end };
                 offset = end;
                 section
             }
-            _ => json_values(&datatype, field("data")?).map_err(|what| not_v2(format!("outputs[{i}].data {what}")))?,
+            _ => json_values(&datatype, field("data")?).map_err(|what| not_v2(format!("{key}[{i}].data {what}")))?,
         };
         outputs.push(Output { name, datatype, shape, values });
     }

@@ -30,6 +30,7 @@ use crate::front::tracing::{Tracing, TracingSettings};
 use crate::front::upstream::Upstream;
 use crate::front::{accept_loop, Shared};
 
+use super::drift::DriftWindows;
 use super::generation::GenerateLimits;
 use super::metrics::RequestMetrics;
 use super::spans::RequestSpan;
@@ -154,9 +155,10 @@ impl HttpFront {
     /// HTTP "host:port". `limits` holds the settings by their configuration keys. `tls`: the
     /// material to serve TLS with (None: plaintext); `tls.handshake_timeout_s` in `limits` bounds
     /// a handshake. `tracing`: the resolved tracing section when tracing.endpoint is set (None:
-    /// no span, no exporter).
+    /// no span, no exporter). `drift`: the drift windows the lanes count measured answers in
+    /// (DriftMonitor's; None: a set of its own, measuring nothing until something is set in it).
     #[new]
-    #[pyo3(signature = (host, port, backlog, workers, back_port, upstream, limits, metrics, tls = None, tracing = None))]
+    #[pyo3(signature = (host, port, backlog, workers, back_port, upstream, limits, metrics, tls = None, tracing = None, drift = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         host: &str,
@@ -169,7 +171,9 @@ impl HttpFront {
         metrics: PyRef<'_, RequestMetrics>,
         tls: Option<TlsTuple>,
         tracing: Option<TracingTuple>,
+        drift: Option<PyRef<'_, DriftWindows>>,
     ) -> PyResult<Self> {
+        let drift = drift.map(|d| d.inner.clone()).unwrap_or_default();
         let get = |key: &str| -> PyResult<f64> {
             limits.get(key).copied().ok_or_else(|| PyValueError::new_err(format!("HttpFront: missing limit {key}")))
         };
@@ -247,6 +251,7 @@ impl HttpFront {
                     };
                     let mut shared = Shared::new(settings, back, Upstream::new(upstream, timeout), metrics, events);
                     shared.tls = terminator;
+                    shared.drift = drift;
                     if let Some(settings) = &tracing {
                         let started =
                             Tracing::start(settings, shared.metrics.clone(), tokio::runtime::Handle::current());

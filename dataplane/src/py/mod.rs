@@ -3,6 +3,7 @@
 
 mod answers;
 mod compare;
+mod drift;
 mod filtering;
 mod front;
 mod generation;
@@ -17,6 +18,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     validation::register(m)?;
     compare::register(m)?;
+    drift::register(m)?;
     answers::register(m)?;
     filtering::register(m)?;
     metrics::register(m)?;

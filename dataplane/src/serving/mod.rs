@@ -1,5 +1,6 @@
 //! The rules of one request, wire-free: the same names as the Python package's `sidecar/serving/`.
 
+pub mod drift;
 pub mod filtering;
 pub mod generation;
 pub mod refusals;

@@ -38,14 +38,16 @@ use crate::front::lane::{self, Admitting, AtTriton, InFlight};
 use crate::front::state::Lane;
 use crate::front::tracing::{Opened, RequestSpan, Route};
 use crate::front::upstream::Failure;
-use crate::protocol::datatypes::first_non_finite;
+use crate::protocol::answers;
+use crate::protocol::datatypes::{binary_as_f64, first_non_finite};
 use crate::protocol::pytext::cut;
+use crate::serving::drift;
 use crate::serving::validation::validate_infer_request;
 
 use super::channel::{self, UnaryAnswer};
 use super::document::infer_document;
 use super::encoding::{self, Encoding};
-use super::messages::{ModelInferRequest, ModelInferResponse};
+use super::messages::{InferTensorContents, ModelInferRequest, ModelInferResponse};
 use super::outcome::{panic_refusal, AbortOnDrop, Outcome};
 use super::wire::{self, GrpcBody};
 use super::GrpcFront;
@@ -403,7 +405,8 @@ fn judge(front: &GrpcFront, call: &Call, lane: &Lane, answer: UnaryAnswer) -> Ou
         };
         return Outcome::of_reply(lane::upstream_refusal(shared, model, failure));
     }
-    if lane.hidden.is_none() && !lane.check_non_finite {
+    let measured = shared.drift.wants(model, lane::random_share);
+    if lane.hidden.is_none() && !lane.check_non_finite && !measured {
         shared.events.push(Event::Answered { model: model.to_owned(), count: 1 });
         return Outcome::ok(answer.body);
     }
@@ -433,10 +436,53 @@ fn judge(front: &GrpcFront, call: &Call, lane: &Lane, answer: UnaryAnswer) -> Ou
     } else {
         shared.events.push(Event::Answered { model: model.to_owned(), count: 1 });
     }
+    if measured {
+        measure_drift(shared, call, &response);
+    }
     if dropped.is_empty() {
         Outcome::ok(answer.body)
     } else {
         Outcome::ok(wire::frame(&response.encode_to_vec()))
+    }
+}
+
+/// Count a measured call in the drift windows (serving::drift): its inputs as validation read them
+/// (the document `infer_document` writes), the outputs of the answer as it leaves (hidden ones
+/// removed), of the version that answered.
+fn measure_drift(shared: &crate::front::Shared, call: &Call, response: &ModelInferResponse) {
+    let Ok((body, header_length)) = infer_document(&call.request) else { return };
+    let Ok(asked) = answers::decode_inputs(&body, Some(header_length as i64)) else { return };
+    let inputs = drift::numeric_tensors(&asked, &body);
+    let outputs: Vec<(&str, Vec<f64>)> = response
+        .outputs
+        .iter()
+        .enumerate()
+        .filter(|(_, output)| drift::binnable(&output.datatype))
+        .filter_map(|(i, output)| {
+            let values = match response.raw_output_contents.get(i) {
+                Some(raw) => binary_as_f64(&output.datatype, raw)?,
+                None => typed_f64(&output.datatype, output.contents.as_ref()?),
+            };
+            Some((output.name.as_str(), values))
+        })
+        .collect();
+    let version = if response.model_version.is_empty() { call.version.as_str() } else { &response.model_version };
+    shared.drift.observe_decoded(&call.model, version, &inputs, &outputs);
+}
+
+/// A typed `contents` field's values as float64 (the field the datatype is carried in).
+fn typed_f64(datatype: &str, contents: &InferTensorContents) -> Vec<f64> {
+    fn widened<T: Copy + Into<f64>>(values: &[T]) -> Vec<f64> {
+        values.iter().map(|v| (*v).into()).collect()
+    }
+    match datatype {
+        "INT8" | "INT16" | "INT32" => widened(&contents.int_contents),
+        "INT64" => contents.int64_contents.iter().map(|v| *v as f64).collect(),
+        "UINT8" | "UINT16" | "UINT32" => widened(&contents.uint_contents),
+        "UINT64" => contents.uint64_contents.iter().map(|v| *v as f64).collect(),
+        "FP32" | "FP16" => widened(&contents.fp32_contents),
+        "FP64" => contents.fp64_contents.clone(),
+        _ => Vec::new(),
     }
 }
 
