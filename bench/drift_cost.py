@@ -7,7 +7,9 @@ What is timed is exactly what `ServingCore.infer` adds after screening for a mod
 answer's outputs on its wire, bin the request's inputs, already decoded by validation, and the
 outputs into the sliding window). Request: credit_risk's 1x128 FP32 features; answer: one FP32
 output (`scores`), as Triton writes it: JSON, the binary extension, and gRPC (typed contents and raw).
-Also timed: the same step for a model without a reference (one set lookup). No server runs; CPU time
+Also timed: the lanes' step in the data plane (`DriftWindows.observe_exchange`, what the HTTP front
+runs without Python for a measured model), and the same step for a model without a reference (one
+set lookup). No server runs; CPU time
 is `time.process_time`, the best of `--repeats` runs of `--requests` requests each. The target
 (issue 22) is 0.02 ms = 20 us per request.
 """
@@ -105,6 +107,23 @@ def _cases(rng: np.random.Generator) -> dict[str, tuple[Any, Any, Any]]:
     }, spec
 
 
+def _documents(rng: np.random.Generator) -> dict[str, tuple[bytes, int | None, bytes, int | None]]:
+    """wire -> (request body, its header length, answer body, its header length) for the lane's step."""
+    x = np.round(rng.standard_normal((1, 128)), 4).astype(np.float32)
+    body = json.dumps({"inputs": [{"name": "features", "shape": [1, 128], "datatype": "FP32",
+                                   "data": [round(float(v), 4) for v in x.ravel()]}]}).encode()
+    answer = json.dumps({"model_name": "credit_risk", "model_version": "1", "outputs": [
+        {"name": "scores", "datatype": "FP32", "shape": [1, 1], "data": [0.4213]}]}, separators=(",", ":")).encode()
+    header = json.dumps({"inputs": [{"name": "features", "shape": [1, 128], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 512}}]}).encode()
+    answer_header = json.dumps({"model_name": "credit_risk", "model_version": "1", "outputs": [
+        {"name": "scores", "datatype": "FP32", "shape": [1, 1], "parameters": {"binary_data_size": 4}}]},
+        separators=(",", ":")).encode()
+    return {"http JSON": (body, None, answer, None),
+            "http binary": (header + x.tobytes(), len(header), answer_header + np.float32([[0.4213]]).tobytes(),
+                            len(answer_header))}
+
+
 def _cpu_us(step: Callable[[], None], requests: int, repeats: int) -> float:
     runs = []
     for _ in range(repeats):
@@ -129,6 +148,15 @@ def main(argv: list[str] | None = None) -> int:
                 core.measure_drift("credit_risk", spec, checked, answer, exchange)
 
         rows.append((f"{wire}, with a reference", _cpu_us(step, args.requests, args.repeats)))
+    # The lanes' own step (the HTTP front's, without Python): decode the request and the answer
+    # in Rust and bin them, as dataplane/src/front/lane.rs does after screening.
+    windows = core.drift.windows
+    for wire, (body, header_length, answer, answer_length) in _documents(np.random.default_rng(3)).items():
+        def lane_step(body: bytes = body, header_length: int | None = header_length, answer: bytes = answer,
+                      answer_length: int | None = answer_length) -> None:
+            windows.observe_exchange("credit_risk", "", True, body, header_length, answer, answer_length)
+
+        rows.append((f"{wire}, the lane (data plane)", _cpu_us(lane_step, args.requests, args.repeats)))
     rows.append(("any wire, no reference", _cpu_us(lambda: core.drift.wants("other_model") and None,
                                                     args.requests, args.repeats)))
     readings = core.drift.readings("credit_risk")

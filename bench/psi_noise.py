@@ -6,8 +6,8 @@ feature shifted by two standard deviations reads, for the sidecar's own windows 
 Reference: 5,000 standard-normal rows of 128 features, 10 quantile bins (record-reference's default).
 Live: a window of N new rows drawn the same way (no drift), and the same rows with feature 7 + 2.
 Per window size, the median over `--seeds` draws of: the mean PSI over features, the max over the
-128 features (what TritonSidecarDataDrift looks at), and the shifted feature's PSI. No server; pure
-numpy through sidecar.serving.drift.
+128 features (what TritonSidecarDataDrift looks at), and the shifted feature's PSI. No server: the
+data plane's windows through sidecar.serving.drift.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from sidecar.serving.drift import TensorWindow, parse_reference, reference_from_values
+from sidecar.config import SidecarConfig
+from sidecar.serving.drift import DriftMonitor, Reference, parse_reference, reference_from_values
 
 FEATURES = 128
 REFERENCE_ROWS = 5000
@@ -27,10 +29,12 @@ WINDOWS = (100, 250, 500, 1000, 2000)
 SHIFTED = 7
 
 
-def psi_of(reference, live: np.ndarray) -> np.ndarray:  # type: ignore[no-untyped-def]
-    window = TensorWindow(reference, len(live), (), count_nan=False)
-    window.add(live)
-    return window.psi()
+def psi_of(reference: Reference, live: np.ndarray) -> np.ndarray:
+    """The PSI per feature of a window of exactly `live`'s rows (the sidecar's windows, in the data plane)."""
+    monitor = DriftMonitor(replace(SidecarConfig().drift, window=len(live)), {("m", ""): reference})
+    monitor.observe("m", "1", [("x", "FP64", live.shape, live)], [], batched=True)
+    (window,) = monitor.windows_now("m")
+    return window.inputs["x"].psi()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(args.seeds):
             rng = np.random.default_rng(seed)
             doc = reference_from_values("m", "", {"x": ("FP64", rng.standard_normal((REFERENCE_ROWS, FEATURES)))}, {})
-            reference = parse_reference(doc, Path("m.json")).inputs["x"]
+            reference = parse_reference(doc, Path("m.json"))
             live = rng.standard_normal((size, FEATURES))
             quiet = psi_of(reference, live)
             live[:, SHIFTED] += 2.0

@@ -151,14 +151,32 @@ class DriftWindows:
         """references: (model, version key or "", inputs, outputs), each tensor (name, features, bins,
         interior edges as float64 little-endian bytes, missing-value sentinels, NaN counts as
         missing). A model whose references changed, or all for a new window, count from empty."""
-    def observe(self, model: str, version: str, inputs: list[tuple[str, bytes]],
-                outputs: list[tuple[str, bytes]]) -> None:
-        """One answered request: each tensor (name, float64 little-endian bytes)."""
+    def observe(self, model: str, version: str, batched: bool, inputs: list[tuple[str, str, list[int], bytes]],
+                outputs: list[tuple[str, str, list[int], bytes]]) -> bool:
+        """One answered request: each tensor (name, datatype, shape, float64 little-endian bytes);
+        True when it completed a live recording."""
+    def observe_exchange(self, model: str, version: str, batched: bool, request: bytes,
+                         request_header_length: int | None, answer: bytes,
+                         answer_header_length: int | None) -> bool:
+        """One HTTP-shaped exchange counted as the lanes count it (bench.drift_cost)."""
+    def record(self, model: str, rows: int, version: str) -> Recording:
+        """Record the next `rows` answered rows of `model` (of `version` only, when given)."""
+    def stop(self, recording: Recording) -> None: ...
     def windows(self, model: str | None = None) -> list[tuple[str, str, str,
                                                             list[tuple[str, int, bytes, bytes, float]],
                                                             list[tuple[str, int, bytes, bytes, float]]]]:
         """(model, version, reference key, inputs, outputs): each tensor (name, rows, the
         (features, bins + 1) table and the per-bin total as uint64 little-endian bytes, sum)."""
+
+class Recording:
+    """A live recording (record-reference --live) in DriftWindows."""
+
+    @property
+    def seen(self) -> int: ...
+    @property
+    def done(self) -> bool: ...
+    def take(self) -> tuple[list[tuple[str, str, int, bytes]], list[tuple[str, str, int, bytes]]]:
+        """(inputs, outputs): each (name, datatype, features, float64 little-endian bytes)."""
 
 class HttpFront:
     """The data plane's HTTP front on listen.port (sidecar/fronts/http_front.py drives it)."""

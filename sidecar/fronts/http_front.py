@@ -14,7 +14,7 @@ the rest of the v2 routes as http_routes does (Triton's documents and statistics
 readiness, the control API refused, the router's 404s and 405s: dataplane/src/front/documents.rs),
 and inflates gzip/deflate/br infer bodies. Everything else (kubelet endpoints, /metrics, a filtered
 model's pinned or ensemble documents, a version whose spec is not fetched yet or that is not loaded,
-a rollout, a stream to a version a partial quarantine spares, a live recording) is handed, with the
+a rollout, a stream to a version a partial quarantine spares) is handed, with the
 very bytes the client sent, to the Python listener (sidecar.fronts.http_listener) on a loopback port
 behind it, which answers exactly as before.
 
@@ -83,7 +83,7 @@ tls_log = structlog.get_logger("sidecar.tls")
 #: How often (s) the front's routine events (usable answers) are drained and its lanes looked at
 #: again while it serves. Events the health loop or the log must have now (a failure, NaN/Inf, a
 #: panic, an access-log line) wake the loop at once through a socket pair; state transitions,
-#: reloads and whatever takes a lane away (a rollout, a live recording, a spec
+#: reloads and whatever takes a lane away (a rollout, a spec
 #: dropped) publish at once; traffic alone never wakes Python.
 TICK_S = 0.05
 #: The tick when the front has served nothing since the last one: what it still catches (a model
@@ -405,9 +405,9 @@ class HttpFront:
             if not trusted and core.settings.version_fallback:
                 fallback = fallback_version(health, health.default_version, None)
             guards.append((model, health.suspect, health.state is not ModelState.FAILED, fallback))
-            if core.rollouts.get(model) is not None or core.drift.records(model):
+            if core.rollouts.get(model) is not None:
                 self._last_lanes.pop(model, None)
-                continue  # a rollout and live recording are the Python chain's (drift binning is the lane's)
+                continue  # a rollout is the Python chain's (drift binning and recording are the lane's)
             spec = core.specs.cached(model, "")
             if spec is None:
                 if trusted:
@@ -600,6 +600,8 @@ class HttpFront:
                     signals.upstream_failed(model, detail)
             elif kind == "non_finite":
                 signals.non_finite_answer(event[1], event[2])
+            elif kind == "recorded":
+                core.drift.recorded(event[1])
             elif kind == "ended":
                 _, model, count = event
                 core.metrics.requests.quarantined(model, "ended_at_triton", count)

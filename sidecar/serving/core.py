@@ -166,10 +166,9 @@ class ServingCore:
         self._breakers: dict[str, Breaker] = {}
         self._policies: dict[str, OutputPolicy] = {}
         self._generate_limits: dict[str, GenerateLimits] = {}
-        #: Called after what decides how a model is served changed (a reload, a spec or the drift
-        #: references dropped): the Rust front publishes its lanes again at once.
+        #: Called after what decides how a model is served changed (a reload, a spec dropped): the
+        #: Rust front publishes its lanes again at once.
         self._change_listeners: list[Callable[[], None]] = []
-        self.drift.add_change_listener(self.changed)
 
     def add_change_listener(self, listener: Callable[[], None]) -> None:
         self._change_listeners.append(listener)

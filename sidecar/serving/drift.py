@@ -28,7 +28,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from sidecar._dataplane import DriftWindows
+from sidecar._dataplane import DriftWindows, Recording
 from sidecar.config import DriftSection
 from sidecar.protocol.answers import BINARY_DTYPES
 from sidecar.protocol.datatypes import FLOAT_DATATYPES
@@ -374,37 +374,26 @@ class DriftMonitor:
         self.recorders: dict[str, list[LiveRecorder]] = {}
         #: Why the last reload of the reference files was refused (file and key); None once one loads.
         self.refused: str | None = None
-        #: Told when which models are measured changes (references replaced, a recording begun or
-        #: ended): the Rust front serves only models nobody measures (sidecar.fronts.http_front).
-        self._listeners: list[Callable[[], None]] = []
-
-    def add_change_listener(self, listener: Callable[[], None]) -> None:
-        self._listeners.append(listener)
-
-    def _changed(self) -> None:
-        for listener in self._listeners:
-            listener()
-
-    def measures(self, model: str) -> bool:
-        """Requests to `model` are binned (a reference) or recorded (record-reference --live)."""
-        return model in self._models or model in self.recorders
-
-    def records(self, model: str) -> bool:
-        """Someone records `model`'s answers (record-reference --live): the Python chain's to serve
-        (a recorder holds raw values in Python)."""
-        return model in self.recorders
 
     def add_recorder(self, recorder: LiveRecorder) -> None:
+        recorder.native = self.windows.record(recorder.model, recorder.rows, recorder.version)
         self.recorders.setdefault(recorder.model, []).append(recorder)
-        self._changed()
 
     def remove_recorder(self, recorder: LiveRecorder) -> None:
+        if recorder.native is not None:
+            self.windows.stop(recorder.native)
         recorders = self.recorders.get(recorder.model, [])
         if recorder in recorders:
             recorders.remove(recorder)
         if not recorders:
             self.recorders.pop(recorder.model, None)
-        self._changed()
+
+    def recorded(self, model: str) -> None:
+        """A recording of `model` may have its rows (a lane's event, or the Python chain's answer):
+        tell the waiters of those that do."""
+        for recorder in self.recorders.get(model, ()):
+            if recorder.done:
+                recorder.on_done()
 
     # -- the request path -------------------------------------------------------------------------------
 
@@ -419,10 +408,9 @@ class DriftMonitor:
                 batched: bool) -> None:
         """Count one answered request: its decoded inputs and outputs, `version` the one that answered;
         `batched`: the first dimension of every tensor is the batch (the model's max_batch_size > 0)."""
-        for recorder in self.recorders.get(model, ()):
-            recorder.add(version, inputs, outputs, batched)
-        if model in self._models:
-            self.windows.observe(model, version, _floats(inputs), _floats(outputs))
+        if model in self._models or model in self.recorders:
+            if self.windows.observe(model, version, batched, _floats(inputs), _floats(outputs)):
+                self.recorded(model)
 
     def _publish(self) -> None:
         """Hand the data plane's windows what they bin against now (a start, a reload, new settings)."""
@@ -479,7 +467,6 @@ class DriftMonitor:
         self._references = dict(references)
         self._models = {model for model, _ in self._references}
         self._publish()
-        self._changed()
 
     def reconfigure(self, settings: DriftSection, *, count_nan: bool) -> None:
         # A new window size, sentinel set or NaN rule counts again from empty (the data plane
@@ -522,32 +509,18 @@ class DriftMonitor:
         return _DriftCollector(self)
 
 
-def _floats(tensors: Sequence[Tensor]) -> list[tuple[str, bytes]]:
-    """The binnable tensors' values as float64 little-endian bytes, for the data plane's windows."""
+def _floats(tensors: Sequence[Tensor]) -> list[tuple[str, str, list[int], bytes]]:
+    """The binnable tensors, their values as float64 little-endian bytes, for the data plane."""
     import numpy as np
 
     out = []
-    for name, datatype, _, values in tensors:
+    for name, datatype, shape, values in tensors:
         if datatype not in BINNABLE:
             continue
         if not isinstance(values, np.ndarray):
             values = np.frombuffer(values, dtype=BINARY_DTYPES[datatype])
-        out.append((name, np.ascontiguousarray(values, dtype="<f8").tobytes()))
+        out.append((name, datatype, [int(d) for d in shape], np.ascontiguousarray(values, dtype="<f8").tobytes()))
     return out
-
-
-def _rows(datatype: str, values: Any, features: int) -> np.ndarray | None:
-    """A tensor's values as (rows, features), or None when they do not fit the reference."""
-    import numpy as np
-
-    if not isinstance(values, np.ndarray):
-        dtype = BINARY_DTYPES.get(datatype)
-        if dtype is None:
-            return None
-        values = np.frombuffer(values, dtype=dtype)
-    if values.size == 0 or values.size % features:
-        return None
-    return values.reshape(-1, features)
 
 
 def _reading(window: ModelWindow, max_features: int) -> DriftReading:
@@ -627,51 +600,39 @@ def _le(edge: float) -> str:
 
 
 class LiveRecorder:
-    """Collects the raw values of the next `rows` answered rows of one model (of one answered
-    version when `version` is given), for a reference. Held in memory only, and only while someone
-    records (never logged)."""
+    """The raw values of the next `rows` answered rows of one model (of one answered version when
+    `version` is given), for a reference. Recorded by the data plane (sidecar._dataplane.Recording,
+    fed by the fronts' lanes and the Python chain alike), held in memory only, and only while someone
+    records (never logged); `DriftMonitor.add_recorder` starts it."""
 
     def __init__(self, model: str, rows: int, version: str = "") -> None:
-
         self.model = model
         self.rows = rows
         #: "" records every version's answers; else only this version's (a `<model>@<version>.json`
         #: reference must not hold another version's outputs).
         self.version = version
-        self.inputs: dict[str, tuple[str, list[np.ndarray]]] = {}
-        self.outputs: dict[str, tuple[str, list[np.ndarray]]] = {}
-        self.seen = 0
-        self.done = False
+        self.native: Recording | None = None
+        #: Called once the rows are in (from the event loop: a lane's recording says so as an event).
         self.on_done: Callable[[], None] = lambda: None
 
-    def add(self, version: str, inputs: Iterable[Tensor], outputs: Iterable[Tensor], batched: bool) -> None:
-        import numpy as np
+    @property
+    def seen(self) -> int:
+        return self.native.seen if self.native is not None else 0
 
-        if self.done or (self.version and version != self.version):
-            return
-        count = 0
-        for store, tensors in ((self.inputs, inputs), (self.outputs, outputs)):
-            for name, datatype, shape, values in tensors:
-                if datatype not in BINNABLE or not shape:
-                    continue
-                batch = int(shape[0]) if batched else 1
-                rows = _rows(datatype, values, max(1, math.prod(shape) // max(batch, 1)))
-                if rows is None:
-                    continue
-                store.setdefault(name, (datatype, []))[1].append(rows.astype(np.float64))
-                count = max(count, len(rows))
-        self.seen += count
-        if self.seen >= self.rows:
-            self.done = True
-            self.on_done()
+    @property
+    def done(self) -> bool:
+        return self.native is not None and self.native.done
 
     def reference(self, *, bins: int, sentinels: Mapping[str, Sequence[float]]) -> dict[str, Any]:
         """The reference document of what was recorded."""
         import numpy as np
 
-        def stacked(store: dict[str, tuple[str, list[np.ndarray]]]) -> dict[str, tuple[str, np.ndarray]]:
+        assert self.native is not None, "a recorder is started by DriftMonitor.add_recorder"
+        inputs, outputs = self.native.take()
 
-            return {name: (datatype, np.concatenate(parts)[: self.rows]) for name, (datatype, parts) in store.items()}
+        def stacked(tensors: Sequence[tuple[str, str, int, bytes]]) -> dict[str, tuple[str, np.ndarray]]:
+            return {name: (datatype, np.frombuffer(values, dtype="<f8").reshape(-1, features))
+                    for name, datatype, features, values in tensors}
 
-        return reference_from_values(self.model, self.version, stacked(self.inputs), stacked(self.outputs),
+        return reference_from_values(self.model, self.version, stacked(inputs), stacked(outputs),
                                      bins=bins, sentinels=sentinels)

@@ -64,6 +64,10 @@ pub enum Event {
         /// The port's protocol: "http" (listen.port) or "grpc" (listen.grpc_port).
         protocol: &'static str,
     },
+    /// A live recording of the model's answers has its rows (record-reference --live waits for it).
+    Recorded {
+        model: String,
+    },
     /// A generate stream that began and was ended by the sidecar (its error event sent): the
     /// reason label, the events sent before it, and why (streaming.py's stream_ended log line).
     StreamEnded {
@@ -118,6 +122,7 @@ impl Events {
             | Event::Panic { .. }
             | Event::GrpcPanic { .. }
             | Event::StreamEnded { .. }
+            | Event::Recorded { .. }
             | Event::Repository { .. } => true,
             // An access-log line (every failure, a sample of the rest: Python writes each one anyway)
             // is written as the request ends, not a tick later.

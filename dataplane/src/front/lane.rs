@@ -233,7 +233,11 @@ async fn answer(shared: &Shared, request: &mut Infer) -> Reply {
             if reply.status == 200 && shared.drift.wants(model, random_share) {
                 // The answer as it leaves (hidden outputs removed), as the Python chain measured it.
                 let answer = (&reply.body[..], reply.header_length.map(|h| h as i64));
-                shared.drift.observe_documents(model, &request.version, (&request.body, request.header_length), answer);
+                let batched = request.lane.spec.max_batch_size > 0;
+                let asked = (&request.body[..], request.header_length);
+                if shared.drift.observe_documents(model, &request.version, batched, asked, answer) {
+                    shared.events.push(Event::Recorded { model: model.to_owned() });
+                }
             }
             reply
         }

@@ -16,6 +16,10 @@ use crate::serving::drift::{self, Reference, Sampling, TensorBins};
 type TensorTuple = (String, usize, usize, Vec<u8>, Vec<f64>, bool);
 /// (model, version key "" for any version, inputs, outputs).
 type ReferenceTuple = (String, String, Vec<TensorTuple>, Vec<TensorTuple>);
+/// (name, datatype, shape, values as float64 little-endian bytes): a tensor the Python chain decoded.
+type TensorValues = (String, String, Vec<i64>, Vec<u8>);
+/// (name, datatype, features, values as float64 little-endian bytes, rows of `features`).
+type RecordedTuple<'py> = (String, String, usize, Bound<'py, PyBytes>);
 /// (name, rows, table, total, sum): table and total as uint64 little-endian bytes.
 type CountsTuple<'py> = (String, usize, Bound<'py, PyBytes>, Bound<'py, PyBytes>, f64);
 /// (model, version, reference key, inputs' counts, outputs' counts).
@@ -66,13 +70,54 @@ impl DriftWindows {
         Ok(())
     }
 
-    /// Count one answered request the Python chain served: each tensor as (name, its values as
-    /// float64 little-endian bytes).
-    fn observe(&self, model: &str, version: &str, inputs: Vec<(String, Vec<u8>)>, outputs: Vec<(String, Vec<u8>)>) {
-        fn decoded(tensors: &[(String, Vec<u8>)]) -> Vec<(&str, Vec<f64>)> {
-            tensors.iter().map(|(name, bytes)| (name.as_str(), floats(bytes))).collect()
+    /// Count one answered request the Python chain served: each tensor as (name, datatype, shape,
+    /// its values as float64 little-endian bytes); `batched`: the model's max_batch_size > 0. True
+    /// when it completed a live recording.
+    fn observe(
+        &self,
+        model: &str,
+        version: &str,
+        batched: bool,
+        inputs: Vec<TensorValues>,
+        outputs: Vec<TensorValues>,
+    ) -> bool {
+        fn decoded(tensors: &[TensorValues]) -> Vec<drift::Numeric<'_>> {
+            tensors
+                .iter()
+                .map(|(name, datatype, shape, bytes)| drift::Numeric { name, datatype, shape, values: floats(bytes) })
+                .collect()
         }
-        self.inner.observe_decoded(model, version, &decoded(&inputs), &decoded(&outputs));
+        self.inner.observe_decoded(model, version, batched, &decoded(&inputs), &decoded(&outputs))
+    }
+
+    /// Count one HTTP-shaped exchange as the lanes do (the v2 request and answer bodies, each with
+    /// its Inference-Header-Content-Length or None): what bench.drift_cost times as the lane's step.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (model, version, batched, request, request_header_length, answer, answer_header_length))]
+    fn observe_exchange(
+        &self,
+        model: &str,
+        version: &str,
+        batched: bool,
+        request: &[u8],
+        request_header_length: Option<i64>,
+        answer: &[u8],
+        answer_header_length: Option<i64>,
+    ) -> bool {
+        let asked = (request, request_header_length);
+        self.inner.observe_documents(model, version, batched, asked, (answer, answer_header_length))
+    }
+
+    /// Record the next `rows` answered rows of `model` (of `version` only, when given) from now on.
+    fn record(&self, model: String, rows: usize, version: String) -> Recording {
+        let recording = Arc::new(drift::Recording::new(model, version, rows));
+        self.inner.record(recording.clone());
+        Recording { inner: recording }
+    }
+
+    /// Stop recording (what was recorded stays readable with `take`).
+    fn stop(&self, recording: &Recording) {
+        self.inner.stop(&recording.inner);
     }
 
     /// Every window of `model` (of every model for None), sorted by (model, version).
@@ -103,6 +148,42 @@ impl DriftWindows {
     }
 }
 
+/// A live recording (record-reference --live) running in `DriftWindows`.
+#[pyclass(module = "sidecar._dataplane", frozen)]
+pub struct Recording {
+    inner: Arc<drift::Recording>,
+}
+
+#[pymethods]
+impl Recording {
+    /// Rows recorded so far.
+    #[getter]
+    fn seen(&self) -> usize {
+        self.inner.seen()
+    }
+
+    #[getter]
+    fn done(&self) -> bool {
+        self.inner.done()
+    }
+
+    /// What was recorded (inputs, outputs), each tensor's values cut to the recording's rows.
+    fn take<'py>(&self, py: Python<'py>) -> (Vec<RecordedTuple<'py>>, Vec<RecordedTuple<'py>>) {
+        let (inputs, outputs) = self.inner.take();
+        let tuples = |tensors: Vec<drift::RecordedTensor>| -> Vec<RecordedTuple<'py>> {
+            tensors
+                .into_iter()
+                .map(|t| {
+                    let bytes: Vec<u8> = t.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    (t.name, t.datatype, t.features, PyBytes::new(py, &bytes))
+                })
+                .collect()
+        };
+        (tuples(inputs), tuples(outputs))
+    }
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<DriftWindows>()
+    m.add_class::<DriftWindows>()?;
+    m.add_class::<Recording>()
 }

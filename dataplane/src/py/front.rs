@@ -614,7 +614,7 @@ impl HttpFront {
     /// duration_ms, reason, client_subject, span_id), ("panic", model, message), ("tls_refused", reason,
     /// client_subject, protocol), ("stream_ended", model, reason, events, cause), ("grpc_log", request_id,
     /// trace_id, model, path, code, duration_ms, reason, client_subject, span_id), ("grpc_panic", model,
-    /// request_id, message), ("repository", call, status, code, message).
+    /// request_id, message), ("repository", call, status, code, message), ("recorded", model).
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.shared.watchdog.control_seen();
         let out = PyList::empty(py);
@@ -663,6 +663,7 @@ impl HttpFront {
                 Event::StreamEnded { model, reason, events, cause } => {
                     ("stream_ended", model, reason, events, cause).into_pyobject(py)?
                 }
+                Event::Recorded { model } => ("recorded", model).into_pyobject(py)?,
                 Event::Repository { call, outcome } => {
                     ("repository", call, outcome.status, outcome.code, outcome.message).into_pyobject(py)?
                 }

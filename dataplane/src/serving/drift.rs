@@ -195,6 +195,8 @@ pub struct DriftWindows {
     /// (model, answered version) -> its windows. Looked up once per measured request; a write only
     /// when a version is first measured or a reference is replaced.
     windows: Mutex<HashMap<(String, String), Arc<ModelWindow>>>,
+    /// Live recordings running now, by model (record-reference --live).
+    recordings: ArcSwap<HashMap<String, Vec<Arc<Recording>>>>,
 }
 
 impl DriftWindows {
@@ -213,15 +215,37 @@ impl DriftWindows {
         self.windows.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Is a request to `model` measured? One map lookup for a model without a reference, a draw at
-    /// drift.sample_rate for one with (`draw` gives a uniform number in [0, 1)).
+    /// Is a request to `model` measured? One map lookup for a model without a reference or a
+    /// recording, a draw at drift.sample_rate for one with (`draw` gives a uniform number in [0, 1)).
     pub fn wants(&self, model: &str, draw: impl FnOnce() -> f64) -> bool {
         let measured = self.measured.load();
         let Some(sampling) = measured.sampling else { return false };
-        if !measured.references.contains_key(model) {
+        if !measured.references.contains_key(model) && !self.recordings.load().contains_key(model) {
             return false;
         }
         sampling.sample_rate >= 1.0 || draw() < sampling.sample_rate
+    }
+
+    /// Record `model`'s answers from now on, until `stop`.
+    pub fn record(&self, recording: Arc<Recording>) {
+        self.recordings.rcu(|now| {
+            let mut next = HashMap::clone(now);
+            next.entry(recording.model.clone()).or_default().push(recording.clone());
+            next
+        });
+    }
+
+    pub fn stop(&self, recording: &Arc<Recording>) {
+        self.recordings.rcu(|now| {
+            let mut next = HashMap::clone(now);
+            if let Some(list) = next.get_mut(&recording.model) {
+                list.retain(|r| !Arc::ptr_eq(r, recording));
+                if list.is_empty() {
+                    next.remove(&recording.model);
+                }
+            }
+            next
+        });
     }
 
     pub fn measures(&self, model: &str) -> bool {
@@ -241,40 +265,50 @@ impl DriftWindows {
         }
     }
 
-    /// `observe` for tensors decoded to float64 (`numeric_tensors`).
+    /// Count and record one answered exchange of `model` whose tensors are decoded
+    /// (`numeric_tensors`); true when it completed a live recording (its waiter must be told).
     pub fn observe_decoded(
         &self,
         model: &str,
         version: &str,
-        inputs: &[(&str, Vec<f64>)],
-        outputs: &[(&str, Vec<f64>)],
-    ) {
-        fn borrowed<'a>(tensors: &'a [(&'a str, Vec<f64>)]) -> Vec<Tensor<'a>> {
-            tensors.iter().map(|(name, values)| (*name, values.as_slice())).collect()
+        batched: bool,
+        inputs: &[Numeric],
+        outputs: &[Numeric],
+    ) -> bool {
+        let mut completed = false;
+        if let Some(recordings) = self.recordings.load().get(model) {
+            for recording in recordings {
+                completed |= recording.add(version, inputs, outputs, batched);
+            }
+        }
+        fn borrowed<'a>(tensors: &'a [Numeric<'a>]) -> Vec<Tensor<'a>> {
+            tensors.iter().map(|t| (t.name, t.values.as_slice())).collect()
         }
         self.observe(model, version, &borrowed(inputs), &borrowed(outputs));
+        completed
     }
 
     /// Count an answered HTTP-shaped exchange (a v2 request and answer, JSON or with binary
     /// sections: (body, Inference-Header-Content-Length)): the version is the one the answer names,
     /// else `version` (the one the request went to). A document that does not decode is not
-    /// counted: measuring never fails a request.
+    /// counted: measuring never fails a request. True when it completed a live recording.
     pub fn observe_documents(
         &self,
         model: &str,
         version: &str,
+        batched: bool,
         request: (&[u8], Option<i64>),
         answer: (&[u8], Option<i64>),
-    ) {
+    ) -> bool {
         let (Ok(asked), Ok(answered)) =
             (answers::decode_inputs(request.0, request.1), answers::decode(answer.0, answer.1))
         else {
-            return;
+            return false;
         };
         let version = answered.model_version.as_deref().unwrap_or(version);
         let inputs = numeric_tensors(&asked, request.0);
         let outputs = numeric_tensors(&answered, answer.0);
-        self.observe_decoded(model, version, &inputs, &outputs);
+        self.observe_decoded(model, version, batched, &inputs, &outputs)
     }
 
     fn window(&self, model: &str, version: &str) -> Option<Arc<ModelWindow>> {
@@ -317,18 +351,124 @@ pub fn binnable(datatype: &str) -> bool {
     )
 }
 
-/// The numeric tensors of a decoded infer request or answer, as float64 (a tensor that does not
-/// read is left out: measuring never fails a request).
-pub fn numeric_tensors<'a>(decoded: &'a answers::Answer, body: &[u8]) -> Vec<(&'a str, Vec<f64>)> {
+/// One numeric tensor of a decoded infer request or answer, its values as float64, flat.
+pub struct Numeric<'a> {
+    pub name: &'a str,
+    pub datatype: &'a str,
+    pub shape: &'a [i64],
+    pub values: Vec<f64>,
+}
+
+/// The numeric tensors of a decoded infer request or answer (a tensor that does not read is left
+/// out: measuring never fails a request).
+pub fn numeric_tensors<'a>(decoded: &'a answers::Answer, body: &[u8]) -> Vec<Numeric<'a>> {
     decoded
         .outputs
         .iter()
         .filter(|tensor| binnable(&tensor.datatype))
         .filter_map(|tensor| {
             let values = answers::numbers_as_f64(&tensor.datatype, &tensor.values, body).ok()?;
-            Some((tensor.name.as_str(), values))
+            Some(Numeric { name: &tensor.name, datatype: &tensor.datatype, shape: &tensor.shape, values })
         })
         .collect()
+}
+
+/// One tensor of a live recording: its values, rows of `features`, in the order they came.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedTensor {
+    pub name: String,
+    pub datatype: String,
+    pub features: usize,
+    pub values: Vec<f64>,
+}
+
+#[derive(Default)]
+struct Recorded {
+    seen: usize,
+    inputs: Vec<RecordedTensor>,
+    outputs: Vec<RecordedTensor>,
+}
+
+/// A live recording (record-reference --live): the raw values of the next `rows` answered rows of
+/// one model (of one answered version when `version` is set), held in memory only while someone
+/// records, never logged. The reference is built from them in Python (quantiles).
+pub struct Recording {
+    pub model: String,
+    /// "" records every version's answers; else only this version's.
+    pub version: String,
+    pub rows: usize,
+    state: Mutex<Recorded>,
+}
+
+impl Recording {
+    pub fn new(model: String, version: String, rows: usize) -> Self {
+        Recording { model, version, rows, state: Mutex::new(Recorded::default()) }
+    }
+
+    fn state(&self) -> MutexGuard<'_, Recorded> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Rows recorded so far (the largest count of any tensor of each request, added up).
+    pub fn seen(&self) -> usize {
+        self.state().seen
+    }
+
+    pub fn done(&self) -> bool {
+        self.seen() >= self.rows
+    }
+
+    /// Record one answered exchange of `version`; `batched`: the first dimension of every tensor is
+    /// the batch (the model's max_batch_size > 0). True when this exchange completed the recording.
+    pub fn add(&self, version: &str, inputs: &[Numeric], outputs: &[Numeric], batched: bool) -> bool {
+        if !self.version.is_empty() && version != self.version {
+            return false;
+        }
+        let mut state = self.state();
+        if state.seen >= self.rows {
+            return false;
+        }
+        let mut count = 0;
+        for (tensors, store) in [(inputs, 0), (outputs, 1)] {
+            for tensor in tensors {
+                let Some(&first) = tensor.shape.first() else { continue };
+                let batch = if batched { first.max(1) as usize } else { 1 };
+                let elements: i64 = tensor.shape.iter().product();
+                let features = ((elements.max(0) as usize) / batch).max(1);
+                if tensor.values.is_empty() || tensor.values.len() % features != 0 {
+                    continue;
+                }
+                let kept = if store == 0 { &mut state.inputs } else { &mut state.outputs };
+                match kept.iter_mut().find(|t| t.name == tensor.name) {
+                    // A tensor whose row width changed cannot be stacked with its earlier rows.
+                    Some(t) if t.features != features => continue,
+                    Some(t) => t.values.extend_from_slice(&tensor.values),
+                    None => kept.push(RecordedTensor {
+                        name: tensor.name.to_owned(),
+                        datatype: tensor.datatype.to_owned(),
+                        features,
+                        values: tensor.values.clone(),
+                    }),
+                }
+                count = count.max(tensor.values.len() / features);
+            }
+        }
+        state.seen += count;
+        state.seen >= self.rows
+    }
+
+    /// What was recorded, each tensor cut to the first `rows` rows (inputs, outputs).
+    pub fn take(&self) -> (Vec<RecordedTensor>, Vec<RecordedTensor>) {
+        let mut state = self.state();
+        let cut = |tensors: &mut Vec<RecordedTensor>, rows: usize| {
+            let mut out = std::mem::take(tensors);
+            for t in &mut out {
+                t.values.truncate(rows * t.features);
+            }
+            out
+        };
+        (cut(&mut state.inputs, self.rows), cut(&mut state.outputs, self.rows))
+    }
 }
 
 #[cfg(test)]
@@ -390,6 +530,38 @@ mod tests {
         // A batch past the window counts only the rows that can stay in it, as the Python chain did.
         window.add(&[5.0, 5.0, 0.1, 0.1]);
         assert_eq!(window.counts().total, vec![3, 2]);
+    }
+
+    fn numeric<'a>(name: &'a str, shape: &'a [i64], values: &[f64]) -> Numeric<'a> {
+        Numeric { name, datatype: "FP32", shape, values: values.to_vec() }
+    }
+
+    #[test]
+    fn a_recording_keeps_the_next_rows_of_its_version_and_is_measured_without_a_reference() {
+        let drift = DriftWindows::default();
+        drift.set(HashMap::new(), Sampling { window: 10, sample_rate: 1.0 });
+        assert!(!drift.wants("m", || 0.0));
+        let recording = Arc::new(Recording::new("m".into(), "2".into(), 3));
+        drift.record(recording.clone());
+        assert!(drift.wants("m", || 0.0) && !drift.wants("other", || 0.0));
+        let (two, one) = ([2i64, 2], [1i64, 1]);
+        let batch = [numeric("x", &two, &[1.0, 2.0, 3.0, 4.0])];
+        assert!(!drift.observe_decoded("m", "1", true, &batch, &[]), "another version: not recorded");
+        assert!(!drift.observe_decoded("m", "2", true, &batch, &[numeric("p", &[2, 1], &[0.1, 0.2])]));
+        assert_eq!(recording.seen(), 2);
+        assert!(drift.observe_decoded("m", "2", true, &[numeric("x", &one, &[5.0]), numeric("y", &one, &[7.0])], &[]));
+        assert!(recording.done());
+        assert!(!drift.observe_decoded("m", "2", true, &batch, &[]), "done: nothing more is kept");
+        let (inputs, outputs) = recording.take();
+        // x's rows are two wide until a one-wide row came: that one could not be stacked with them.
+        assert_eq!(
+            inputs[0],
+            RecordedTensor { name: "x".into(), datatype: "FP32".into(), features: 2, values: vec![1.0, 2.0, 3.0, 4.0] }
+        );
+        assert_eq!((inputs[1].name.as_str(), inputs[1].values.clone()), ("y", vec![7.0]));
+        assert_eq!(outputs[0].values, vec![0.1, 0.2]);
+        drift.stop(&recording);
+        assert!(!drift.wants("m", || 0.0));
     }
 
     #[test]

@@ -437,7 +437,7 @@ fn judge(front: &GrpcFront, call: &Call, lane: &Lane, answer: UnaryAnswer) -> Ou
         shared.events.push(Event::Answered { model: model.to_owned(), count: 1 });
     }
     if measured {
-        measure_drift(shared, call, &response);
+        measure_drift(shared, call, lane, &response);
     }
     if dropped.is_empty() {
         Outcome::ok(answer.body)
@@ -449,11 +449,11 @@ fn judge(front: &GrpcFront, call: &Call, lane: &Lane, answer: UnaryAnswer) -> Ou
 /// Count a measured call in the drift windows (serving::drift): its inputs as validation read them
 /// (the document `infer_document` writes), the outputs of the answer as it leaves (hidden ones
 /// removed), of the version that answered.
-fn measure_drift(shared: &crate::front::Shared, call: &Call, response: &ModelInferResponse) {
+fn measure_drift(shared: &crate::front::Shared, call: &Call, lane: &Lane, response: &ModelInferResponse) {
     let Ok((body, header_length)) = infer_document(&call.request) else { return };
     let Ok(asked) = answers::decode_inputs(&body, Some(header_length as i64)) else { return };
     let inputs = drift::numeric_tensors(&asked, &body);
-    let outputs: Vec<(&str, Vec<f64>)> = response
+    let outputs: Vec<drift::Numeric> = response
         .outputs
         .iter()
         .enumerate()
@@ -463,11 +463,14 @@ fn measure_drift(shared: &crate::front::Shared, call: &Call, response: &ModelInf
                 Some(raw) => binary_as_f64(&output.datatype, raw)?,
                 None => typed_f64(&output.datatype, output.contents.as_ref()?),
             };
-            Some((output.name.as_str(), values))
+            Some(drift::Numeric { name: &output.name, datatype: &output.datatype, shape: &output.shape, values })
         })
         .collect();
     let version = if response.model_version.is_empty() { call.version.as_str() } else { &response.model_version };
-    shared.drift.observe_decoded(&call.model, version, &inputs, &outputs);
+    let batched = lane.spec.max_batch_size > 0;
+    if shared.drift.observe_decoded(&call.model, version, batched, &inputs, &outputs) {
+        shared.events.push(Event::Recorded { model: call.model.clone() });
+    }
 }
 
 /// A typed `contents` field's values as float64 (the field the datatype is carried in).
