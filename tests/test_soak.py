@@ -10,6 +10,7 @@ where they started.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,11 @@ def test_a_minute_of_load_with_faults_serves_no_nan_and_leaves_no_client_waiting
                             faults=("kill", "nan", "drift", "hang"))
     report = run_soak(settings, tmp_path)
 
+    # Every figure in the message, spelled out: pytest cuts a dict's repr short, and a failure here
+    # must say which category the steady model's answers fell in.
     assert report.counts_steady["sent"] > 0 and report.counts_steady["correct"] == report.counts_steady["sent"], (
-        report.counts_steady, report.examples_of_failures)
+        f"steady {json.dumps(report.counts_steady)}; victim {json.dumps(report.counts_victim)}; "
+        f"failures {report.failures}; faults {report.faults}; examples {report.examples_of_failures}")
     assert len(report.faults) >= 3, report.faults
     assert report.counts[NAN] == 0 and report.counts[CLIENT_TIMEOUT] == 0, report.counts
     assert report.passed, "\n".join([*report.failures, f"descriptors at start {report.fd_kinds_start}",
