@@ -576,6 +576,44 @@ async def test_generate_and_generate_stream_to_a_trusted_model_never_enter_the_p
                           code="200") >= GENERATE_REQUESTS + STREAMS
 
 
+async def test_a_query_string_or_a_percent_encoded_name_is_served_by_the_front(triton, start):
+    sidecar = await started_and_healthy(start, _rust(proxy_config(triton, models=["credit_risk"],
+                                                                  probes={"interval_s": 3600, "jitter": 0.0})))
+    front = sidecar.server
+    await served_by_front(front, "credit_risk", 5)
+    body = json.dumps(credit_json(rows=2, seed=5)).encode()
+    json_type = {"Content-Type": "application/json"}
+
+    async def post(path: str) -> tuple[int, bytes]:
+        async with sidecar.session.post(sidecar.url + path, data=body, headers=json_type) as r:
+            return r.status, await r.read()
+
+    plain = await post(CREDIT)
+    assert plain[0] == 200
+    # Version 1's spec is fetched by the first request that pins it (the Python chain's), then the
+    # front serves pins to it.
+    assert (await post("/v2/models/credit_risk/versions/1/infer"))[0] == 200
+    await wait_for(lambda: any(pin[0] == "1" for lane in front.lanes()[0] if lane[0] == "credit_risk"
+                               for pin in lane[6]), 5, what="version 1 pinnable on the front")
+    front.publish()
+    before_fast, before_handed = front.fast_requests, front.handovers
+    before_triton = triton_successes(triton, "credit_risk")
+    with PythonEntries(sidecar.app[SERVING]) as python:
+        answers = [await post(path) for path in (CREDIT + "?debug=1&x=%2F", "/v2/models/credit%5Frisk/infer",
+                                                 "/v2/models/credit_risk/versions/%31/infer?x")]
+    assert python.count == 0
+    assert front.handovers == before_handed and front.fast_requests - before_fast == 3
+    # The answers of the plain request (the same version: 1 is the one Triton serves unpinned).
+    assert [status for status, _ in answers] == [200, 200, 200]
+    assert {json.dumps({k: v for k, v in json.loads(a).items() if k != "id"}) for _, a in answers} == {
+        json.dumps({k: v for k, v in json.loads(plain[1]).items() if k != "id"})}
+    assert await triton_counted(triton, "credit_risk", before_triton + 3) == before_triton + 3
+    # A name that decodes to one Triton's path must quote is the Python app's, which knows no such model.
+    status, answer = await post("/v2/models/credit%2Frisk/infer")
+    assert front.handovers == before_handed + 1
+    assert status == 404, answer
+
+
 def _peak_rss_bytes() -> int:
     """This process's peak resident set (VmHWM): the sidecar under test runs in it."""
     with open("/proc/self/status") as status:

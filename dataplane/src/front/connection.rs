@@ -339,7 +339,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             header_length,
             body,
             coding,
-            path: head.path.clone(),
+            path: route_path(&head.path).to_owned(),
             started,
             request_id,
             client_subject: self.client_subject.clone(),
@@ -453,15 +453,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         if head.method != "POST" || head.version != 1 || head.get("upgrade").is_some() {
             return None;
         }
-        let (named, endpoint) = Endpoint::split(head.path.strip_prefix("/v2/models/")?)?;
+        // The query string is no part of the route (aiohttp's router matched the path alone, and
+        // no infer route reads a parameter): Triton's path is the lane's own.
+        let (named, endpoint) = Endpoint::split(route_path(&head.path).strip_prefix("/v2/models/")?)?;
         let (model, path_version) = match named.split_once("/versions/") {
             Some((_, "")) => return None, // `/versions//`: no route has it (the Python chain's 404)
             Some(split) => split,
             None => (named, ""),
         };
-        if model.is_empty() || model.contains(['/', '?', '#', '%']) || path_version.contains(['/', '?', '#', '%']) {
-            return None; // a name to decode, or a path no route has: the Python chain's
+        if model.is_empty() || model.contains(['/', '#']) || path_version.contains(['/', '#']) {
+            return None; // a path no route has: the Python chain's
         }
+        // Percent-encoded names are decoded as aiohttp's match_info decodes them; one that decodes
+        // to a name Triton's path would need quoted stays the Python chain's (a lane's never does).
+        let (model, path_version) = (plain_name(model)?, plain_name(path_version)?);
+        let (model, path_version) = (model.as_ref(), path_version.as_ref());
         // The pin as http_routes.infer reads it (routing.pinned_version): the path's version or the
         // header's, stripped (of ASCII whitespace only: what else Python strips is not a digit, so
         // such a pin matches no version and goes to Python); generate reads no header. Both naming
@@ -1228,6 +1234,37 @@ fn body_coding(head: &Head) -> Option<Coding> {
     })
 }
 
+/// A request target's path without its query string (what routes and the access log read).
+fn route_path(target: &str) -> &str {
+    target.split_once('?').map_or(target, |(path, _)| path)
+}
+
+/// A path segment percent-decoded, when it is a plain name ([A-Za-z0-9_.-], what a lane's model is
+/// named and Triton's path carries unquoted); None for one that is not, or does not decode.
+fn plain_name(segment: &str) -> Option<std::borrow::Cow<'_, str>> {
+    let plain = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-');
+    if !segment.contains('%') {
+        return segment.bytes().all(plain).then_some(std::borrow::Cow::Borrowed(segment));
+    }
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    if !out.iter().all(|c| plain(*c)) {
+        return None;
+    }
+    String::from_utf8(out).ok().map(std::borrow::Cow::Owned)
+}
+
 /// Why a request's framing is ambiguous: Content-Length with Transfer-Encoding, a coding other than
 /// chunked, or two Content-Lengths (request smuggling; refused as nginx does, never handed on).
 fn smuggling(head: &Head) -> Option<String> {
@@ -1435,6 +1472,19 @@ impl Chunked {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_route_is_the_path_without_its_query_and_names_decode_only_to_plain_names() {
+        assert_eq!(route_path("/v2/models/m/infer?debug=1&x=%2F"), "/v2/models/m/infer");
+        assert_eq!(route_path("/v2/models/m/infer"), "/v2/models/m/infer");
+        assert_eq!(plain_name("credit_risk").as_deref(), Some("credit_risk"));
+        assert_eq!(plain_name("credit%5Frisk").as_deref(), Some("credit_risk"));
+        assert_eq!(plain_name("%31").as_deref(), Some("1"));
+        // Decoding to a name Triton's path would need quoted, or not decoding at all: not a lane's.
+        for segment in ["a%2Fb", "a%20b", "a b", "caf\u{e9}", "bad%zz", "cut%4", "%ff"] {
+            assert_eq!(plain_name(segment), None, "{segment}");
+        }
+    }
 
     #[test]
     fn a_chunked_body_is_read_across_feeds() {
