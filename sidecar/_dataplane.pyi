@@ -59,7 +59,7 @@ def screen_infer_response(
     """(new body or None when untouched, header length, dropped outputs, non-finite outputs)."""
 
 def inflate(body: bytes, encoding: str, limit: int) -> bytes | None:
-    """The body inflated ("gzip" or "deflate"), None past `limit` bytes; ValueError: a corrupt stream."""
+    """The body inflated ("gzip", "deflate" or "zstd"), None past `limit` bytes; ValueError: a corrupt stream."""
 
 class RequestMetrics:
     """Per-request counters kept as atomics; sidecar.metrics.DataPlaneCollector exports them."""

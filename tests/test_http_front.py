@@ -614,6 +614,54 @@ async def test_a_query_string_or_a_percent_encoded_name_is_served_by_the_front(t
     assert status == 404, answer
 
 
+def _zstd(exponent: int, blocks: list[bytes | tuple[int, int]]) -> bytes:
+    """A zstd frame (RFC 8878 §3.1.1), made by hand: no zstd library is a dependency. No content
+    size, a window of 2 ** (10 + exponent) bytes; each block raw (bytes) or RLE ((byte, times))."""
+    frame = bytearray(b"\x28\xb5\x2f\xfd\x00" + bytes([exponent << 3]))
+    for i, block in enumerate(blocks):
+        last = int(i + 1 == len(blocks))
+        kind, size, content = (0, len(block), block) if isinstance(block, bytes) else (1, block[1], bytes([block[0]]))
+        frame += (last | kind << 1 | size << 3).to_bytes(3, "little") + content
+    return bytes(frame)
+
+
+async def test_zstd_infer_bodies_are_decoded_by_the_front(triton, start):
+    limit = 1024 * 1024
+    sidecar = await started_and_healthy(start, _rust(proxy_config(triton, models=["credit_risk"],
+                                                                  validation={"max_body_bytes": limit},
+                                                                  probes={"interval_s": 3600, "jitter": 0.0})))
+    front = sidecar.server
+    await served_by_front(front, "credit_risk", 5)
+    body = json.dumps(credit_json(rows=2, seed=3)).encode()
+    json_type = {"Content-Type": "application/json"}
+
+    async def post(data: bytes, encoding: str = "zstd") -> tuple[int, Any]:
+        headers = {**json_type, **({"Content-Encoding": encoding} if encoding else {})}
+        async with sidecar.session.post(sidecar.url + CREDIT, data=data, headers=headers) as r:
+            answer = await r.read()
+            return r.status, json.loads(answer)
+
+    plain = await post(body, "")
+    assert plain[0] == 200
+    before_fast, before_handed = front.fast_requests, front.handovers
+    before_successes = triton_successes(triton, "credit_risk")
+    with PythonEntries(sidecar.app[SERVING]) as python:
+        decoded = await post(_zstd(10, [body[:100], body[100:]]))
+        # 32 MiB of zeros in about a kilobyte: refused at the limit, never decoded past it.
+        bomb = await post(_zstd(10, [(0, 128 * 1024)] * 256))
+        # A frame of a few bytes asking for a 1 GiB window: refused before anything is reserved.
+        huge_window = await post(_zstd(20, [(0, 1)]))
+        garbage = await post(b"\x28\xb5\x2f\xfd" + b"\xff" * 16)
+    assert python.count == 0 and front.handovers == before_handed and front.fast_requests - before_fast == 4
+    assert decoded == plain
+    assert await triton_counted(triton, "credit_risk", before_successes + 1) == before_successes + 1
+    assert bomb == (413, {"error": f"request body larger than {limit} bytes (validation.max_body_bytes)",
+                          "reason": "body_too_large", "model": "credit_risk"})
+    for status, refused in (huge_window, garbage):
+        assert status == 400 and refused["reason"] == "malformed", refused
+        assert refused["error"].startswith("request body cannot be read (zstd): "), refused
+
+
 def _peak_rss_bytes() -> int:
     """This process's peak resident set (VmHWM): the sidecar under test runs in it."""
     with open("/proc/self/status") as status:
@@ -678,7 +726,7 @@ async def test_compressed_infer_bodies_are_inflated_by_the_front(triton, start):
         "request body cannot be read (gzip): Error -3 while decompressing data: ")
     assert answers["x-lzw"][0] == 415
     assert json.loads(answers["x-lzw"][1]) == {
-        "error": "Content-Encoding 'x-lzw' is not accepted; send the body uncompressed, gzip, deflate or br",
+        "error": "Content-Encoding 'x-lzw' is not accepted; send the body uncompressed, gzip, deflate, br or zstd",
         "reason": "unsupported_media_type", "model": "credit_risk"}
     for reason, count in (("body_too_large", 2), ("malformed", 2), ("unsupported_media_type", 1)):
         assert sidecar.metric("triton_sidecar_proxy_rejections_total", protocol="http", model="credit_risk",

@@ -64,9 +64,9 @@ _INFER_ROUTE = "/v2/models/{model}/infer"
 _VERSIONED_INFER_ROUTE = "/v2/models/{model}/versions/{version}/infer"
 
 
-#: Encodings this path inflates itself (the data plane's rule, the Rust front's too); others (br,
-#: zstd) are left to aiohttp.
-_INFLATED = frozenset({"gzip", "deflate"})
+#: Encodings this path inflates itself (the data plane's rule, the Rust front's too); br is left to
+#: aiohttp.
+_INFLATED = frozenset({"gzip", "deflate", "zstd"})
 
 
 #: Parsed requests a connection may queue (HTTP pipelining) before it stops reading.

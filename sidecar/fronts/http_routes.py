@@ -50,7 +50,8 @@ READ_CHUNK = 256 * 1024
 _IDENTITY = {"Accept-Encoding": "identity"}
 
 
-#: What aiohttp inflates itself (br/zstd when their libraries are installed, else a 400 on read).
+#: What the proxy reads: gzip, deflate and zstd inflated by the data plane's rule
+#: (sidecar._dataplane.inflate), br by aiohttp (the Rust front's lane decodes it with the same words).
 ENCODINGS = frozenset({"", "identity", "gzip", "deflate", "br", "zstd"})
 
 
@@ -443,7 +444,8 @@ def check_body_headers(content_type: str, content_encoding: str, model: str) -> 
     encoding = content_encoding.strip().lower()
     if encoding not in ENCODINGS:
         raise Refusal(Reason.UNSUPPORTED_MEDIA_TYPE, f"Content-Encoding {cut(encoding)!r} is not accepted; "
-                                                     "send the body uncompressed, gzip, deflate or br", model=model)
+                                                     "send the body uncompressed, gzip, deflate, br or zstd",
+                      model=model)
     return encoding
 
 

@@ -1209,8 +1209,7 @@ fn media_type(head: &Head) -> String {
 }
 
 /// How the lane reads an infer body (http_routes.check_body_headers, in its order: the type first,
-/// then the encoding): as sent, inflated, or refused 415; None for zstd, which aiohttp behind the
-/// front inflates when its library is installed (its ENCODINGS).
+/// then the encoding): as sent, inflated, or refused 415.
 fn body_coding(head: &Head) -> Option<Coding> {
     let ctype = media_type(head);
     if !matches!(ctype.as_str(), "" | "application/json" | "application/octet-stream") {
@@ -1226,9 +1225,9 @@ fn body_coding(head: &Head) -> Option<Coding> {
         "gzip" => Coding::Gzip,
         "deflate" => Coding::Deflate,
         "br" => Coding::Brotli,
-        "zstd" => return None,
+        "zstd" => Coding::Zstd,
         _ => Coding::Refused(format!(
-            "Content-Encoding {} is not accepted; send the body uncompressed, gzip, deflate or br",
+            "Content-Encoding {} is not accepted; send the body uncompressed, gzip, deflate, br or zstd",
             repr_str(&cut(&encoding, 120))
         )),
     })

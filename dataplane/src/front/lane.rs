@@ -53,6 +53,7 @@ pub enum Coding {
     Gzip,
     Deflate,
     Brotli,
+    Zstd,
     /// An unsupported type or encoding: 415 with this message.
     Refused(String),
 }
@@ -137,10 +138,12 @@ async fn unpack(shared: &Shared, request: &mut Infer) -> Option<Reply> {
         Coding::Gzip => "gzip",
         Coding::Deflate => "deflate",
         Coding::Brotli => "br",
+        Coding::Zstd => "zstd",
     };
     let limit = shared.settings.max_body_bytes;
     let unpacked = move |body: &[u8]| match encoding {
         "br" => inflate::unbrotli(body, limit),
+        "zstd" => inflate::unzstd(body, limit),
         _ => inflate::inflate(body, encoding == "gzip", limit),
     };
     match inflated_off_worker(request.body.clone(), unpacked).await {

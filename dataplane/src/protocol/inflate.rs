@@ -1,6 +1,6 @@
-//! Request bodies sent compressed (`Content-Encoding: gzip` or `deflate`), inflated before they are
-//! validated: by the HTTP front's lane, and by the Python listener through the module
-//! (`sidecar._dataplane.inflate`), one rule for both.
+//! Request bodies sent compressed (`Content-Encoding: gzip`, `deflate` or `zstd`; `br` on the lane),
+//! inflated before they are validated: by the HTTP front's lane, and by the Python listener through
+//! the module (`sidecar._dataplane.inflate`), one rule for both.
 //!
 //! It is the Python listener's rule, as it was written on zlib's `decompressobj`: one stream (gzip
 //! with its header, deflate with zlib's header), at most `limit` inflated bytes (a zip bomb stops
@@ -48,6 +48,36 @@ pub fn inflate(body: &[u8], gzip: bool, limit: usize) -> Result<Vec<u8>, Unpacke
     }
     if out.len() > limit {
         return Err(Unpacked::TooLarge);
+    }
+    Ok(out)
+}
+
+/// The largest zstd window a body may ask for: its frames' history buffer is allocated up front, so
+/// a frame of a few bytes declaring a 128 MiB window would make the decoder reserve that much. No
+/// window need be larger than the body may be (validation.max_body_bytes), and 8 MiB covers what the
+/// zstd tool's levels up to 19 write when they do not know the size beforehand.
+fn zstd_window(limit: usize) -> u64 {
+    (limit as u64).next_power_of_two().max(8 << 20)
+}
+
+/// A `Content-Encoding: zstd` body decoded (its frames one after another, RFC 8878), never more than
+/// `limit` bytes of it; a frame asking for a larger window than zstd_window allows is unreadable.
+pub fn unzstd(body: &[u8], limit: usize) -> Result<Vec<u8>, Unpacked> {
+    use ruzstd::decoding::{FrameDecoder, StreamingDecoder};
+    use std::io::Read;
+    let cap = limit.saturating_add(1);
+    let mut out: Vec<u8> = Vec::with_capacity(cap.min(body.len().saturating_mul(4).max(4096)));
+    let mut source = body;
+    while !source.is_empty() {
+        let mut frames = FrameDecoder::new();
+        frames.set_max_window_size(zstd_window(limit));
+        let decoder = StreamingDecoder::new_with_decoder(&mut source, frames)
+            .map_err(|e| Unpacked::Unreadable(format!("not a zstd frame: {e}")))?;
+        let room = (cap - out.len()) as u64;
+        decoder.take(room).read_to_end(&mut out).map_err(|e| Unpacked::Unreadable(format!("zstd: {e}")))?;
+        if out.len() > limit {
+            return Err(Unpacked::TooLarge);
+        }
     }
     Ok(out)
 }
@@ -115,6 +145,44 @@ mod tests {
     use flate2::Compression;
 
     use super::*;
+
+    /// A zstd frame of `blocks` (RFC 8878 §3.1.1): no content size, a window of 2^(10 + exponent)
+    /// bytes; each block raw (its bytes) or RLE (one byte repeated).
+    fn zstd(exponent: u8, blocks: &[Block]) -> Vec<u8> {
+        let mut frame = vec![0x28, 0xb5, 0x2f, 0xfd, 0x00, exponent << 3];
+        for (i, block) in blocks.iter().enumerate() {
+            let last = u32::from(i + 1 == blocks.len());
+            let (kind, size, content) = match block {
+                Block::Raw(bytes) => (0u32, bytes.len() as u32, bytes.clone()),
+                Block::Rle(byte, times) => (1u32, *times, vec![*byte]),
+            };
+            frame.extend_from_slice(&(last | kind << 1 | size << 3).to_le_bytes()[..3]);
+            frame.extend_from_slice(&content);
+        }
+        frame
+    }
+
+    enum Block {
+        Raw(Vec<u8>),
+        Rle(u8, u32),
+    }
+
+    #[test]
+    fn a_zstd_body_is_decoded_within_the_limit_and_a_bomb_or_a_huge_window_is_not() {
+        let body = br#"{"inputs": []}"#.to_vec();
+        let frame = zstd(10, &[Block::Raw(body[..5].to_vec()), Block::Raw(body[5..].to_vec())]);
+        assert_eq!(unzstd(&frame, 1024), Ok(body.clone()));
+        // Two frames one after the other are one body.
+        assert_eq!(unzstd(&[frame.clone(), frame].concat(), 1024), Ok([body.clone(), body].concat()));
+        // 32 MiB of zeros in about a kilobyte: refused at the limit, never decoded past it.
+        let bomb = zstd(10, &(0..256).map(|_| Block::Rle(0, 128 * 1024)).collect::<Vec<_>>());
+        assert!(bomb.len() < 2048);
+        assert_eq!(unzstd(&bomb, 1 << 20), Err(Unpacked::TooLarge));
+        // A frame asking for a 1 GiB window (a few bytes that would make the decoder reserve it).
+        assert!(matches!(unzstd(&zstd(20, &[Block::Rle(0, 1)]), 1 << 20), Err(Unpacked::Unreadable(_))));
+        assert!(matches!(unzstd(b"\x28\xb5\x2f\xfd\xff\xff", 1024), Err(Unpacked::Unreadable(_))));
+        assert!(matches!(unzstd(b"not zstd at all", 1024), Err(Unpacked::Unreadable(_))));
+    }
 
     fn gzip(data: &[u8]) -> Vec<u8> {
         let mut e = GzEncoder::new(Vec::new(), Compression::default());
