@@ -627,9 +627,7 @@ def _zstd(exponent: int, blocks: list[bytes | tuple[int, int]]) -> bytes:
 
 async def test_zstd_infer_bodies_are_decoded_by_the_front(triton, start):
     limit = 1024 * 1024
-    sidecar = await started_and_healthy(start, _rust(proxy_config(triton, models=["credit_risk"],
-                                                                  validation={"max_body_bytes": limit},
-                                                                  probes={"interval_s": 3600, "jitter": 0.0})))
+    sidecar = await _body_limited(triton, start, limit)
     front = sidecar.server
     await served_by_front(front, "credit_risk", 5)
     body = json.dumps(credit_json(rows=2, seed=3)).encode()
@@ -671,11 +669,16 @@ def _peak_rss_bytes() -> int:
     raise AssertionError("no VmHWM in /proc/self/status")
 
 
+async def _body_limited(triton: Any, start: Any, limit: int) -> Any:
+    """The Rust front guarding credit_risk with validation.max_body_bytes `limit`, probes out of the way."""
+    return await started_and_healthy(start, _rust(proxy_config(triton, models=["credit_risk"],
+                                                               validation={"max_body_bytes": limit},
+                                                               probes={"interval_s": 3600, "jitter": 0.0})))
+
+
 async def test_compressed_infer_bodies_are_inflated_by_the_front(triton, start):
     limit = 1024 * 1024
-    sidecar = await started_and_healthy(start, _rust(proxy_config(triton, models=["credit_risk"],
-                                                                  validation={"max_body_bytes": limit},
-                                                                  probes={"interval_s": 3600, "jitter": 0.0})))
+    sidecar = await _body_limited(triton, start, limit)
     front = sidecar.server
     core = sidecar.app[SERVING]
     await served_by_front(front, "credit_risk", 5, settled=False)
