@@ -188,38 +188,7 @@ mod tests {
 
     /// A lane of `m` whose spec names its one input `input`; `stale` as published.
     fn lane(input: &str, stale: bool) -> Arc<Lane> {
-        use crate::front::state::Breaker;
-        use crate::serving::generation::GenerateLimits;
-        use crate::serving::validation::{InputSpec, Limits, RequestSpec};
-        use std::collections::HashSet;
-        Arc::new(Lane {
-            spec: RequestSpec {
-                model: "m".into(),
-                inputs: vec![InputSpec {
-                    name: input.into(),
-                    datatype: "FP32".into(),
-                    shape: vec![1],
-                    optional: false,
-                }],
-                outputs: vec![],
-                hidden_outputs: HashSet::new(),
-                max_batch_size: 0,
-                limits: Limits { max_elements: 1 << 20, max_bytes_element: 1 << 20, reject_non_finite: true },
-                rules: None,
-            },
-            hidden: None,
-            check_non_finite: true,
-            breaker: Arc::new(Breaker::new(1)),
-            generate: GenerateLimits {
-                max_text_bytes: 0,
-                max_tokens: 0,
-                token_limit_keys: HashSet::new(),
-                parameters: HashSet::new(),
-            },
-            stream_idle: Duration::from_secs(1),
-            versions: HashMap::new(),
-            stale,
-        })
+        Arc::new(Lane { stale, ..Lane::for_tests(&[input], &[]) })
     }
 
     #[tokio::test]

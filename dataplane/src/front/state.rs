@@ -40,6 +40,43 @@ pub struct Lane {
 }
 
 impl Lane {
+    /// A lane of model `m` for the unit tests: `inputs` and `outputs` declared (FP32 inputs of
+    /// shape [1]), nothing hidden, NaN screened, a breaker of one slot, no generate limits.
+    #[cfg(test)]
+    pub fn for_tests(inputs: &[&str], outputs: &[&str]) -> Lane {
+        use crate::serving::generation::GenerateLimits;
+        use crate::serving::validation::{InputSpec, Limits};
+        let input = |name: &&str| InputSpec {
+            name: name.to_string(),
+            datatype: "FP32".into(),
+            shape: vec![1],
+            optional: false,
+        };
+        Lane {
+            spec: RequestSpec {
+                model: "m".into(),
+                inputs: inputs.iter().map(input).collect(),
+                outputs: outputs.iter().map(|o| o.to_string()).collect(),
+                hidden_outputs: HashSet::new(),
+                max_batch_size: 0,
+                limits: Limits { max_elements: 1 << 20, max_bytes_element: 1 << 20, reject_non_finite: true },
+                rules: None,
+            },
+            hidden: None,
+            check_non_finite: true,
+            breaker: std::sync::Arc::new(Breaker::new(1)),
+            generate: GenerateLimits {
+                max_text_bytes: 0,
+                max_tokens: 0,
+                token_limit_keys: HashSet::new(),
+                parameters: HashSet::new(),
+            },
+            stream_idle: Duration::from_secs(1),
+            versions: HashMap::new(),
+            stale: false,
+        }
+    }
+
     pub fn is_hidden(&self, name: &str) -> bool {
         match &self.hidden {
             None => false,

@@ -538,41 +538,20 @@ pub(super) fn screen(lane: &Lane, response: &mut ModelInferResponse) -> (Vec<Str
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{HashMap, HashSet};
-    use std::time::Duration;
+    use std::collections::HashMap;
 
     use bytes::Bytes;
     use prost::Message;
 
     use super::super::messages::{InferOutputTensor, InferTensorContents, ModelInferResponse};
     use super::screen;
-    use crate::front::state::{Breaker, Lane};
-    use crate::serving::generation::GenerateLimits;
-    use crate::serving::validation::{Limits, RequestSpec};
+    use crate::front::state::Lane;
 
     fn lane(hidden: Option<&[&str]>, check_non_finite: bool) -> Lane {
         Lane {
-            spec: RequestSpec {
-                model: "m".into(),
-                inputs: vec![],
-                outputs: vec!["scores".into(), "secret".into(), "half".into()],
-                hidden_outputs: HashSet::new(),
-                max_batch_size: 0,
-                limits: Limits { max_elements: 1 << 20, max_bytes_element: 1 << 20, reject_non_finite: true },
-                rules: None,
-            },
             hidden: hidden.map(|h| h.iter().map(|s| s.to_string()).collect()),
             check_non_finite,
-            breaker: std::sync::Arc::new(Breaker::new(1)),
-            generate: GenerateLimits {
-                max_text_bytes: 0,
-                max_tokens: 0,
-                token_limit_keys: HashSet::new(),
-                parameters: HashSet::new(),
-            },
-            stream_idle: Duration::from_secs(1),
-            versions: HashMap::new(),
-            stale: false,
+            ..Lane::for_tests(&[], &["scores", "secret", "half"])
         }
     }
 
