@@ -9,14 +9,16 @@ import json
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from sidecar.app.factory import apply_config
 from sidecar.devtools.tritonserver import LocalTriton
-from sidecar.fronts.appkeys import SERVING
+from sidecar.fronts.appkeys import LIVE, SERVING, STATES
 from sidecar.fronts.http_front import HttpFront
 from sidecar.states import ModelState
 from tests.harness import FAULTY_TEXT_TEMPLATE, SLACK_S, FreshModel, sidecar_config, wait_for
@@ -358,3 +360,29 @@ async def test_a_stream_open_when_its_model_is_quarantined_ends_at_once_with_an_
     assert status == 200 and events[0][1]["text_output"] == "w0", events
     assert events[-1][1]["reason"] == "quarantined", events[-1]
     assert ended_at - quarantined.at < 2.0, ended_at - quarantined.at
+
+
+async def test_a_stream_open_to_a_model_the_sidecar_stops_guarding_ends_with_its_unknown_model_event(
+        triton, text_model, start):
+    """Released mid-stream (taken out of `models`): the stream's last event says so, with the words a
+    new request to the model is refused with, and it ends there instead of running on unguarded."""
+    config = _config(triton, text_model)
+    sidecar = await start(config)
+    model = text_model.name
+    await _healthy(sidecar, model)
+    long_text = " ".join(f"w{i}" for i in range(400))  # 400 words at 10 ms: 4 s unless ended
+    stream = asyncio.ensure_future(read_stream(f"{sidecar.url}/v2/models/{model}/generate_stream",
+                                               {"text_input": long_text}))
+    await wait_for(lambda: sidecar.metric("triton_sidecar_streams_in_flight", model=model) == 1, 5,
+                   what="the stream open")
+    # What a reload of the config does: the live config swapped, then handed to every part.
+    without = replace(config, models=("credit_risk",))
+    sidecar.app[LIVE].config = without
+    apply_config(sidecar.app, without)
+    await wait_for(lambda: model not in sidecar.app[STATES], 10, what=f"{model} released")
+    status, events, _ = await stream
+    assert status == 200
+    last = json.dumps(events[-1][1])
+    assert f"model {model} is no longer guarded by the sidecar (released)" in last, events[-1]
+    assert "unknown_model" in last, events[-1]
+    assert len(_text(events[:-1]).split()) < 400, "the stream ran to its end unguarded"
