@@ -31,10 +31,11 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
+from sidecar.app.factory import apply_config
 from sidecar.config import FilterRule
 from sidecar.devtools import grpc_descriptors
 from sidecar.devtools.tritonserver import free_port
-from sidecar.fronts.appkeys import LIFECYCLE
+from sidecar.fronts.appkeys import LIFECYCLE, LIVE, STATES
 from sidecar.fronts.grpc_server import CONTROL, SERVICE
 from sidecar.states import ModelState
 from tests.harness import REPO, TEST_GRPC_FRONT, triton_post, wait_for
@@ -386,6 +387,37 @@ async def test_a_quarantine_that_begins_mid_stream_ends_the_stream_unavailable(t
     assert all(np.isfinite(v).all() for v in values), "a NaN answer passed on the stream"
     assert all("[non_finite_output]" in e for e in in_stream_errors), in_stream_errors
     assert sidecar.state(model) in (ModelState.UNHEALTHY, ModelState.HEALING, ModelState.HEALTHY)
+
+
+async def test_a_stream_open_to_a_model_the_sidecar_stops_guarding_ends_not_found(triton, fresh_model, start):
+    """Released mid-stream (taken out of `models`): the stream ends NOT_FOUND unknown_model, as a new
+    call to the model is refused, instead of serving on unguarded."""
+    model = fresh_model.name
+    config = grpc_config(triton, models=[model], golden_dir=fresh_model.golden_dir)
+    sidecar = await started_and_healthy(start, config)
+    x = features(rows=1, seed=4)
+    stream = SyncStream(f"127.0.0.1:{config.listen.grpc_port}")
+    ended: grpc.RpcError | None = None
+    try:
+        answer = await asyncio.to_thread(stream.exchange, _credit_request(model, x, "before"))
+        assert not answer.error_message, answer.error_message
+        # What a reload of the config does: the live config swapped, then handed to every part.
+        without = replace(config, models=("credit_risk",))
+        sidecar.app[LIVE].config = without
+        apply_config(sidecar.app, without)
+        await wait_for(lambda: model not in sidecar.app[STATES], 10, what=f"{model} released")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            await asyncio.to_thread(stream.exchange, _credit_request(model, x))
+    except grpc.RpcError as e:
+        ended = e
+    finally:
+        stream.close()
+    assert ended is not None, "the stream outlived the model's release"
+    code, trailing = ended.code(), dict(ended.trailing_metadata() or ())
+    assert code is grpc.StatusCode.NOT_FOUND, (code, ended.details())
+    assert trailing["x-sidecar-reason"] == "unknown_model", trailing
+    assert f"model {model} is no longer guarded by the sidecar (released)" in ended.details(), ended.details()
 
 
 async def test_a_client_that_cancels_a_stream_cancels_triton_s_side(triton, decoupled, decoupled_golden, start):
