@@ -432,26 +432,14 @@ class DriftMonitor:
 
     def windows_now(self, model: str | None = None) -> list[ModelWindow]:
         """Every measured model version's windows as they hold now, sorted by (model, version)."""
-        import numpy as np
-
         found = []
         for model_, version, key, inputs, outputs in self.windows.windows(model):
             reference = self._references.get((model_, key))
             if reference is None:
-                continue  # replaced in the instant between the two reads: the next read has it
-
-            def counted(tensors: Sequence[tuple[str, int, bytes, bytes, float]],
-                        of: Mapping[str, TensorReference]) -> dict[str, TensorCounts]:
-                out = {}
-                for name, rows, table, total, total_sum in tensors:
-                    t = of[name]
-                    counts = np.frombuffer(table, dtype="<u8").astype(np.int64).reshape(t.features, t.bins + 1)
-                    out[name] = TensorCounts(t, self.settings.window, rows, counts,
-                                             np.frombuffer(total, dtype="<u8").astype(np.int64), total_sum)
-                return out
-
-            found.append(ModelWindow(model_, version, reference, counted(inputs, reference.inputs),
-                                     counted(outputs, reference.outputs)))
+                continue  # defensive: `_publish` hands the data plane exactly these references
+            window = self.settings.window
+            found.append(ModelWindow(model_, version, reference, _counted(inputs, reference.inputs, window),
+                                     _counted(outputs, reference.outputs, window)))
         return found
 
     # -- references ---------------------------------------------------------------------------------------
@@ -507,6 +495,20 @@ class DriftMonitor:
 
     def collector(self) -> Collector:
         return _DriftCollector(self)
+
+
+def _counted(tensors: Sequence[tuple[str, int, bytes, bytes, float]], of: Mapping[str, TensorReference],
+             window: int) -> dict[str, TensorCounts]:
+    """The data plane's counts of each tensor (DriftWindows.windows) as arrays, with its reference."""
+    import numpy as np
+
+    out = {}
+    for name, rows, table, total, total_sum in tensors:
+        t = of[name]
+        counts = np.frombuffer(table, dtype="<u8").astype(np.int64).reshape(t.features, t.bins + 1)
+        out[name] = TensorCounts(t, window, rows, counts, np.frombuffer(total, dtype="<u8").astype(np.int64),
+                                 total_sum)
+    return out
 
 
 def _floats(tensors: Sequence[Tensor]) -> list[tuple[str, str, list[int], bytes]]:
