@@ -150,9 +150,8 @@ class SidecarMetrics:
         self.rollout_compared = Counter(f"{PREFIX}_rollout_compared", "Answers of stable and candidate to the "
                                         "same request compared, by outcome (same, differs).",
                                         ["model", "candidate", "outcome"], registry=registry)
-        self.shadow_dropped = Counter(f"{PREFIX}_shadow_dropped", "Shadow calls not made because "
-                                      "proxy.max_shadow_in_flight were already running.", ["model"],
-                                      registry=registry)
+        # shadow_dropped_total{model}: counted by both halves (the Rust front's shadows, the Python
+        # chain's) into the data plane's atomics, exported by DataPlaneCollector.
 
         # Tracing: tracing_spans_exported_total and tracing_spans_dropped_total{reason} are counted by
         # both exporters (Python's, sidecar/tracing/otel.py; the HTTP front's, front/tracing.rs) into
@@ -220,6 +219,8 @@ _DATA_PLANE_COUNTERS = (
     ("outputs_filtered", f"{PREFIX}_outputs_filtered", "Outputs removed from answers.", ("model", "output")),
     ("routed", f"{PREFIX}_routed", "Requests sent to a chosen version, by why (split, pinned, shadow, fallback).",
      ("model", "version", "reason")),
+    ("shadow_dropped", f"{PREFIX}_shadow_dropped", "Shadow calls not made because proxy.max_shadow_in_flight were "
+     "already running.", ("model",)),
     ("quarantined", f"{PREFIX}_proxy_quarantined", "Requests to a quarantined model, by outcome (rejected, "
      "held_released, held_timeout, suspect_released, suspect_refused, suspect_timeout, ended_at_triton).",
      ("model", "outcome")),

@@ -27,6 +27,7 @@ from sidecar.config import FilterRule, RolloutSettings
 from sidecar.devtools.tritonserver import LocalTriton, free_port
 from sidecar.fronts.appkeys import SERVING
 from sidecar.fronts.grpc_server import SERVICE
+from sidecar.fronts.http_front import HttpFront
 from sidecar.serving.rollouts import RolloutState
 from sidecar.states import ModelState
 from tests.harness import (
@@ -39,7 +40,7 @@ from tests.harness import (
     triton_post,
     wait_for,
 )
-from tests.proxy_support import credit_json, features
+from tests.proxy_support import PythonEntries, binary_request, credit_json, features
 from tests.test_versions import TwoVersions
 
 _names = iter(range(1_000_000))
@@ -279,6 +280,57 @@ async def test_generate_answers_are_compared_as_text_and_a_differing_text_aborts
     for _ in range(5):
         status, body = await generate(sidecar, model, "zeta")
         assert (status, body["text_output"], body["model_version"]) == (200, "zeta", "1"), body
+
+
+async def test_the_front_splits_shadows_and_compares_a_rollout_s_requests_without_python(same_candidate, start):
+    """On the Rust front a rollout model is a lane: each HTTP infer request (JSON or binary) is split,
+    answered, shadowed to the other version and the two answers compared in the data plane; no
+    request enters the Python chain, which hears only the evidence (a served answer, a compared
+    pair) and keeps the decisions."""
+    model = same_candidate.name
+    config = rollout_config(same_candidate, steps=(0.5, 1.0), step_min_s=600, step_min_requests=100_000,
+                            shadow_rate=1.0)
+    sidecar = await healthy_and_progressing(start, config, model)
+    front = sidecar.server
+    if not isinstance(front, HttpFront):
+        pytest.skip("the Python listener has no data plane: its rollouts are the Python chain's (tested above)")
+
+    def pinnable() -> set[str]:
+        return {version for lane in front.lanes()[0] if lane[0] == model for version, *_ in lane[6]}
+
+    await wait_for(lambda: {"1", "2"} <= pinnable() and front.settled, 10, what="both versions lanes on the front")
+    rollout = rollout_of(sidecar, model)
+    n = 40
+    versions = []
+    with PythonEntries(sidecar.app[SERVING]) as entries:
+        for seed in range(n):
+            if seed % 2:
+                body, headers = binary_request("features", features(1, seed))
+                async with sidecar.session.post(f"{sidecar.url}/v2/models/{model}/infer", data=body,
+                                                headers=headers) as response:
+                    assert response.status == 200, await response.text()
+                    versions.append("binary")
+            else:
+                status, answer = await infer(sidecar, model, seed)
+                assert status == 200, answer
+                versions.append(answer["model_version"])
+        shadows = sidecar.app[SERVING].shadows
+        await wait_for(lambda: len(shadows) == 0, 10, what="every shadow heard")
+    assert entries.count == 0, "a rollout's request entered the Python chain"
+    dropped = sidecar.metric("triton_sidecar_shadow_dropped_total", model=model) or 0
+    # Every pair compared (the same candidate: no difference), and each pair is one candidate answer.
+    assert rollout.compared_total + dropped == n and rollout.differs_total == 0, rollout.status()
+    await wait_for(lambda: rollout.stage.candidate_answers == n, 5, what="every served answer heard")
+    assert sum(len(w) for w in rollout.stage.latencies.values()) == n, rollout.stage.latencies
+    split = [sidecar.metric("triton_sidecar_routed_total", model=model, version=v, reason="split") or 0
+             for v in ("1", "2")]
+    shadowed = [sidecar.metric("triton_sidecar_routed_total", model=model, version=v, reason="shadow") or 0
+                for v in ("1", "2")]
+    assert sum(split) == n and all(split), split  # a 50 % step: both versions served
+    assert sum(shadowed) + dropped == n, shadowed
+    assert {"1", "2"} >= {v for v in versions if v != "binary"}
+    assert sidecar.metric("triton_sidecar_rollout_compared_total", model=model, candidate="2",
+                          outcome="same") == rollout.compared_total
 
 
 async def test_a_candidate_that_fails_its_golden_case_never_serves(wrong_candidate, start):

@@ -14,7 +14,7 @@ the rest of the v2 routes as http_routes does (Triton's documents and statistics
 readiness, the control API refused, the router's 404s and 405s: dataplane/src/front/documents.rs),
 and inflates gzip/deflate/br infer bodies. Everything else (kubelet endpoints, /metrics, a filtered
 model's pinned or ensemble documents, a version whose spec is not fetched yet or that is not loaded,
-a rollout, a stream to a version a partial quarantine spares) is handed, with the
+a rollout model's generate, a stream to a version a partial quarantine spares) is handed, with the
 very bytes the client sent, to the Python listener (sidecar.fronts.http_listener) on a loopback port
 behind it, which answers exactly as before.
 
@@ -33,11 +33,13 @@ This module is the control plane's side of that boundary:
   a model stops being trusted, the answers of /v2/health/live and /ready, what the document routes
   read (the guarded models, their filters and readiness, the statistics key, the exposed
   extensions) and, with the gRPC port on the front, grpc.health.v1's status of the pod and each
-  model: published at once on every state transition and suspect change, and on a short tick for
-  what changes without one (a spec fetched, a rollout, a reload);
+  model, and each rollout's route (its share now, cohort header, shadow rate, fallbacks, compare
+  tolerances: the infer lane splits, shadows and compares by it): published at once on every state
+  transition, suspect change and rollout change, and on a short tick for what changes without one
+  (a spec fetched, a reload);
 - **up**: the front's events (passive signals, requests ended at a quarantine, streams ended, the
-  sampled access log, panics), drained on the same tick and handed to the health loop and the log as
-  the Python chain would have.
+  sampled access log, panics, a rollout's served answers and its shadows' ends), drained on the
+  same tick and handed to the health loop and the log as the Python chain would have.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from sidecar.protocol.triton_errors import StubUnhealthy, triton_error
 from sidecar.serving.core import ServingCore
 from sidecar.serving.generation import error_event
 from sidecar.serving.refusals import Refusal
+from sidecar.serving.rollouts import RolloutState
 from sidecar.serving.routing import fallback_version
 from sidecar.states import ModelState, ModelStates, Transition
 from sidecar.tracing.front_spans import FrontSpans
@@ -106,6 +109,12 @@ Ended = tuple[str, int, bytes, int | None, str, bytes, list[str] | None]
 #: (model, suspect, may be held for a heal (not FAILED), the fallback version of an unpinned request
 #: or ""): every guarded model, as the front's admission reads it (front/admission.rs).
 Guard = tuple[str, bool, bool, str]
+
+
+#: A rollout as the front routes by it: (model, stable, candidate, share, cohort_key lower-cased,
+#: shadow rate now, [(version, fallback)], atol, rtol, [(output, atol, rtol)]).
+RolloutRoute = tuple[str, str, str, float, str, float, list[tuple[str, str]], float, float,
+                     list[tuple[str, float, float]]]
 
 #: (path, status, JSON body or b"", Retry-After, reason label or ""): an answer that depends only on
 #: the health loop's state (/v2/health/live, /v2/health/ready), served by the front as published.
@@ -179,6 +188,7 @@ class HttpFront:
             "proxy.block_non_finite_outputs": float(proxy.block_non_finite_outputs),
             "proxy.hold_during_heal_s": proxy.hold_during_heal_s,
             "proxy.hold_while_suspect_ms": proxy.hold_while_suspect_ms,
+            "proxy.max_shadow_in_flight": proxy.max_shadow_in_flight,
             "logging.access_log_sample_rate": config.logging.access_log_sample_rate,
             "liveness.watchdog_stall_s": config.liveness.watchdog_stall_s,
             "tls.handshake_timeout_s": HANDSHAKE_TIMEOUT_S,
@@ -197,6 +207,7 @@ class HttpFront:
             tls.add_reload_listener(self._reload_tls)
         native = self._native
         self.core.admission.add_holding_source(lambda: native.holding)
+        self.core.shadows.front_in_flight = lambda: native.shadows_in_flight
         requests = self.core.requests
         if requests.spans is not None:
             # The spans of what Python answers (grpcio's calls, handed-over requests) are the front's
@@ -405,9 +416,12 @@ class HttpFront:
             if not trusted and core.settings.version_fallback:
                 fallback = fallback_version(health, health.default_version, None)
             guards.append((model, health.suspect, health.state is not ModelState.FAILED, fallback))
-            if core.rollouts.get(model) is not None:
-                self._last_lanes.pop(model, None)
-                continue  # a rollout is the Python chain's (drift binning and recording are the lane's)
+            rollout = core.rollouts.get(model)
+            if rollout is not None:
+                # Both versions pinnable lanes, so that the split's picks are the front's (`routes`).
+                for version in (rollout.settings.stable, rollout.settings.candidate):
+                    if version in health.loaded_versions and core.specs.cached(model, version) is None:
+                        self._warm(model, version)
             spec = core.specs.cached(model, "")
             if spec is None:
                 if trusted:
@@ -433,6 +447,32 @@ class HttpFront:
         for model in [m for m in self._last_lanes if m not in states]:
             del self._last_lanes[model]  # released: its requests get the chain's 404
         return lanes, ended, guards
+
+    def routes(self) -> list[RolloutRoute]:
+        """Each rollout as its requests route now (Router.route, Router.shadow_target): the
+        candidate's share, the cohort header, the shadow rate while progressing (0 otherwise), each
+        version's fallback while it is not trusted, and the compare tolerances. The front's HTTP
+        infer lane splits, shadows and compares by it (dataplane/src/front/shadow.rs); the
+        decisions stay the Rollout's, on the evidence the front sends up."""
+        core = self.core
+        states: ModelStates = self.app[STATES]
+        routes: list[RolloutRoute] = []
+        for rollout in core.rollouts:
+            health = states.get(rollout.model)
+            if health is None:
+                continue
+            s = rollout.settings
+            fallbacks = []
+            if core.settings.version_fallback:
+                for version in (s.stable, s.candidate):
+                    other = "" if health.trusts(version) else fallback_version(health, version, rollout)
+                    if other:
+                        fallbacks.append((version, other))
+            shadow_rate = s.shadow_rate if rollout.state is RolloutState.PROGRESSING else 0.0
+            tolerances = sorted((output, t.atol, t.rtol) for output, t in s.compare_outputs.items())
+            routes.append((rollout.model, s.stable, s.candidate, rollout.share, s.cohort_key.lower(), shadow_rate,
+                           fallbacks, s.compare.atol, s.compare.rtol, tolerances))
+        return routes
 
     def _pinnable(self, model: str, loaded: tuple[str, ...]) -> list[PinnedVersion]:
         """A lane's versions a client may pin on the front: loaded (routed_total names them; another
@@ -506,15 +546,17 @@ class HttpFront:
         health = self.health()
         serving = self.serving()
         documents = self.documents()
+        routes = self.routes()
         key = (tuple((m, id(s), _names(h), c, id(g), i, tuple((v, id(vs), _names(vh)) for v, vs, vh in p), st)
                      for m, s, h, c, g, i, p, st in lanes),
                tuple((m, s, b, _names(v)) for m, s, b, *_, v in ended), tuple(health),
                tuple(serving) if serving is not None else None, tuple(guards),
                (tuple((m, f, r, None if j is None else tuple(j)) for m, f, r, j in documents[0]), documents[1],
-                tuple(documents[2])))
+                tuple(documents[2])),
+               tuple((*r[:6], tuple(r[6]), r[7], r[8], tuple(r[9])) for r in routes))
         if key == self._published and not force:
             return
-        self._native.publish(lanes, ended, health, serving, guards, documents)
+        self._native.publish(lanes, ended, health, serving, guards, documents, routes)
         self._published = key
 
     async def _run_tick(self) -> None:
@@ -602,6 +644,12 @@ class HttpFront:
                 signals.non_finite_answer(event[1], event[2])
             elif kind == "recorded":
                 core.drift.recorded(event[1])
+            elif kind == "rollout_answered":
+                _, model, version, latency_s, error = event
+                core.front_answered(model, version, latency_s, error)
+            elif kind == "shadow_ended":
+                _, model, target, latency_s, outcome, nan, differences = event
+                core.front_shadow_ended(model, target, latency_s, outcome, nan, differences)
             elif kind == "ended":
                 _, model, count = event
                 core.metrics.requests.quarantined(model, "ended_at_triton", count)

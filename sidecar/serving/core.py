@@ -34,7 +34,7 @@ from sidecar.serving.passive_signals import HealthEvents, PassiveSignals
 from sidecar.serving.refusals import FailureKind, Reason, Refusal, UpstreamFailure
 from sidecar.serving.request import RequestWrapper
 from sidecar.serving.request_rules import RequestRules, load_schemas
-from sidecar.serving.rollouts import GoldenGate, Rollouts, compare_answers, compare_texts, tensor_values
+from sidecar.serving.rollouts import GoldenGate, Rollout, Rollouts, compare_answers, compare_texts, tensor_values
 from sidecar.serving.routing import DEFAULT, PINNED, SHADOW, Route, Router, pinned_version
 from sidecar.serving.shadow import ShadowCalls
 from sidecar.serving.specs import FetchDocument, SpecCache
@@ -163,6 +163,7 @@ class ServingCore:
         self.router = Router(states=states, rollouts=self.rollouts, fallback=lambda: self.settings.version_fallback)
         self.shadows = ShadowCalls(limit=config.proxy.max_shadow_in_flight, timeout_s=config.proxy.upstream_timeout_s,
                                    metrics=metrics)
+        self.rollouts.add_listener(self.changed)
         self._breakers: dict[str, Breaker] = {}
         self._policies: dict[str, OutputPolicy] = {}
         self._generate_limits: dict[str, GenerateLimits] = {}
@@ -302,12 +303,37 @@ class ServingCore:
             rollout.answered(target, latency_s, error=False, served=False)
             differences = _pair_differences(mine_text, theirs_text, route.version, target, stable_first,
                                             compare_texts)
-        hidden = policy.is_hidden or _nothing_hidden
+        self._count_compared(model, rollout, differences)
+
+    def _count_compared(self, model: str, rollout: Rollout, differences: Sequence[Mismatch]) -> None:
+        """One compared pair as evidence (either half's shadow): the rollout's counts and decision,
+        and rollout_compared_total. A filtered output's difference is named, never quoted."""
+        hidden = self.policy(model).is_hidden or _nothing_hidden
         differs = rollout.compared(differences, hidden=hidden)
         if differs is None:
             return  # the rollout moved on (aborted, promoted) while this call ran
         self._metrics.rollout_compared.labels(model=model, candidate=rollout.settings.candidate,
                                               outcome="differs" if differs else "same").inc()
+
+    def front_answered(self, model: str, version: str, latency_s: float, error: bool) -> None:
+        """A rollout model's answer the Rust front served (dataplane/src/front/shadow.rs)."""
+        rollout = self.rollouts.get(model)
+        if rollout is not None:
+            rollout.answered(version, latency_s, error=error)
+
+    def front_shadow_ended(self, model: str, target: str, latency_s: float, outcome: str, nan: bool,
+                           differences: Sequence[tuple[str, str]]) -> None:
+        """A shadow call the Rust front made ended: `outcome` failed (no answer: the target's
+        error), nothing (both versions refused the request) or compared (`differences` as
+        (output, message), `nan`: NaN/Inf in the target's answer), as `shadow` judges its own."""
+        rollout = self.rollouts.get(model)
+        if rollout is None or outcome == "nothing":
+            return
+        if outcome == "failed":
+            rollout.answered(target, latency_s, error=True, served=False)
+            return
+        rollout.answered(target, latency_s, error=nan, served=False)
+        self._count_compared(model, rollout, [Mismatch(output, message) for output, message in differences])
 
     def stream(self, exchange: StreamExchange[EventT], *, started: float) -> OpenStream[EventT]:
         """A stream (HTTP generate_stream, gRPC ModelStreamInfer): `async with` it, `join` each

@@ -326,6 +326,10 @@ class Rollouts:
         self._states = states
         self._by_model: dict[str, Rollout] = {}
         self._gates: dict[str, asyncio.Task[None]] = {}
+        #: Called after a rollout's routing may have changed (its state, step, or the rollout itself
+        #: added or removed): the Rust front publishes its routes again at once, so the very next
+        #: request after an abort goes to stable.
+        self._listeners: list[Callable[[], None]] = []
         #: Set while any rollout is configured: without one the decision loop sleeps on it instead of
         #: waking every TICK_S (ten wake-ups a second were a tenth of an idle sidecar's CPU).
         self._configured = asyncio.Event()
@@ -343,6 +347,9 @@ class Rollouts:
             return
         if health.broken_versions == {rollout.settings.candidate}:
             rollout.abort(f"the candidate failed its golden cases at step {rollout.step + 1}: {t.cause}")
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
 
     def get(self, model: str) -> Rollout | None:
         return self._by_model.get(model)
@@ -382,9 +389,13 @@ class Rollouts:
         if gate is not None:
             gate.cancel()
         self._metrics.forget_rollout(model, rollout.settings.candidate)
+        for listener in self._listeners:
+            listener()
 
     def _published(self, rollout: Rollout) -> None:
         self._metrics.set_rollout(rollout.model, rollout.settings.candidate, rollout.state.value, rollout.share)
+        for listener in self._listeners:
+            listener()
 
     def tick(self) -> None:
         """Decide on time alone, and start the golden gate of rollouts waiting for it."""

@@ -5,12 +5,16 @@ task, holds no breaker slot, and is bounded by `proxy.upstream_timeout_s`. At mo
 `proxy.max_shadow_in_flight` run at once; one more is dropped and counted (comparing is worth less
 than the traffic it would slow down). Every task still running is cancelled at shutdown (`close`,
 from the app's cleanup).
+
+The Rust front makes the shadows of the HTTP infer requests it serves itself
+(dataplane/src/front/shadow.rs); `front_in_flight` gives its count of them (each counted until this
+loop has heard its end), which the cap and `len` include.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import structlog
@@ -27,17 +31,19 @@ class ShadowCalls:
         self._metrics = metrics
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        #: The Rust front's shadows not yet heard (HttpFront sets it when it starts).
+        self.front_in_flight: Callable[[], int] = lambda: 0
 
     def __len__(self) -> int:
-        return len(self._tasks)
+        return len(self._tasks) + self.front_in_flight()
 
     def has_room(self, model: str) -> bool:
         """Is there room for one more? When not, the drop is counted."""
         if self._closed:
             return False
-        if len(self._tasks) < self.limit:
+        if len(self) < self.limit:
             return True
-        self._metrics.shadow_dropped.labels(model=model).inc()
+        self._metrics.requests.shadow_dropped(model)
         return False
 
     def start(self, model: str, call: Coroutine[Any, Any, None]) -> None:

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio::time::sleep_until;
 
 use crate::protocol::pytext::{cut, format_g, repr_str};
+use crate::serving::rollouts;
 
 use super::documents::{self, Route};
 use super::events::{AccessRecord, Event};
@@ -23,7 +24,7 @@ use super::generate::{self, Endpoint};
 use super::generate_stream::{self, Relayed};
 use super::lane::{self, Coding, Infer};
 use super::reply::{encode, refusal, Reply, JSON_REFUSAL};
-use super::state::Canned;
+use super::state::{Canned, Routed};
 use super::tracing::{self as spans, Opened, Refused, RequestSpan};
 use super::upstream::Failure;
 use super::Shared;
@@ -62,10 +63,12 @@ impl Head {
 /// A request the lane serves, as `lane_for` found it in the head.
 struct LaneRequest {
     model: String,
-    /// The version it goes to (pinned, or the fallback), "" for none.
+    /// The version it goes to (pinned, a rollout's pick, or the fallback), "" for none.
     version: String,
-    /// `version` is the fallback, not a pin.
-    fallback: bool,
+    /// Why it goes to `version`.
+    routed: Routed,
+    /// The model's rollout, when it is in one (infer only): its evidence and shadows (lane.rs).
+    rollout: Option<Arc<rollouts::Route>>,
     /// The model's lane, or the pinned version's.
     lane: Arc<super::state::Lane>,
     header_length: Option<i64>,
@@ -239,7 +242,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             self.hand_over().await;
             return false;
         };
-        let LaneRequest { model, version, fallback, lane, header_length, endpoint, coding } = infer;
+        let LaneRequest { model, version, routed, rollout, lane, header_length, endpoint, coding } = infer;
         let settings = &self.shared.settings;
         let limit = settings.max_body_bytes;
         let chunked = head.get("transfer-encoding").is_some();
@@ -320,7 +323,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
             route: spans::Route::Http(endpoint),
             model: &model,
             version: &version,
-            fallback,
+            routed,
             request_id: &request_id,
             body_bytes: body.len(),
             started,
@@ -330,7 +333,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         let infer = Infer {
             model,
             version,
-            fallback,
+            routed,
+            rollout,
             lane,
             trace_id,
             traceparent,
@@ -508,17 +512,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Connection<S> {
         if endpoint == Endpoint::GenerateStream && !snapshot.whole(model) {
             return None; // a stream to a version a partial quarantine spares: the Python chain's
         }
-        // The route of infer and generate (routing.Router.route without a rollout): the pin, else
-        // the fallback Python chose while Triton's choice is not trusted, else Triton's choice. A
-        // stream is not routed (OpenStream.join admits the version it names, "" for Triton's).
-        let (version, fallback) =
-            if endpoint == Endpoint::GenerateStream { (version, false) } else { snapshot.route(model, version) };
+        // A rollout's generate is still the Python chain's: its shadows compare texts.
+        let rollout = snapshot.rollouts.get(model).cloned();
+        if rollout.is_some() && endpoint == Endpoint::Generate {
+            return None;
+        }
+        // The route of infer and generate (routing.Router.route): the pin, else a rollout's pick
+        // (by the cohort_key header's value, or at random), else Triton's choice; the fallback
+        // Python chose while the version reached is not trusted. A stream is not routed
+        // (OpenStream.join admits the version it names, "" for Triton's).
+        let (version, routed) = match endpoint {
+            Endpoint::GenerateStream if version.is_empty() => (version, Routed::Default),
+            Endpoint::GenerateStream => (version, Routed::Pinned),
+            _ => {
+                let key = snapshot.cohort_key(model);
+                let cohort = if key.is_empty() { "" } else { head.get(key).unwrap_or("") };
+                snapshot.route(model, version, cohort)
+            }
+        };
         // A version only when it is loaded and its spec published (admission then judges it as the
         // Python chain would); any other goes to the Python chain, which fetches its spec
         // (published for the next request) or refuses it.
         let lane = if version.is_empty() { lane } else { lane.versions.get(version)?.clone() };
         let version = version.to_owned();
-        Some(LaneRequest { model: model.to_owned(), version, fallback, lane, header_length, endpoint, coding })
+        Some(LaneRequest { model: model.to_owned(), version, routed, rollout, lane, header_length, endpoint, coding })
     }
 
     /// The published answer to this request when it is a GET of a health endpoint with no body, and

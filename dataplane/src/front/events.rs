@@ -68,6 +68,22 @@ pub enum Event {
     Recorded {
         model: String,
     },
+    /// A rollout model's answer served by the lane (Rollout.answered): the version that answered, the
+    /// upstream call's time, and whether it was an error (5xx, timeout, NaN withheld).
+    RolloutAnswered {
+        model: String,
+        version: String,
+        latency_s: f64,
+        error: bool,
+    },
+    /// A shadow call of a rollout model ended (front/shadow.rs): the version it went to, its time,
+    /// and what it found. Draining it gives back its place among proxy.max_shadow_in_flight.
+    ShadowEnded {
+        model: String,
+        target: String,
+        latency_s: f64,
+        outcome: ShadowOutcome,
+    },
     /// A generate stream that began and was ended by the sidecar (its error event sent): the
     /// reason label, the events sent before it, and why (streaming.py's stream_ended log line).
     StreamEnded {
@@ -76,6 +92,17 @@ pub enum Event {
         events: u64,
         cause: String,
     },
+}
+
+/// What a shadow call found (core.ServingCore.shadow's cases).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ShadowOutcome {
+    /// No answer (a timeout, Triton unreachable, a broken answer): the shadow version's error.
+    Failed,
+    /// Both versions refused the request (the client's to fix): nothing to compare.
+    Nothing,
+    /// Compared: NaN/Inf in the shadow's answer, and every difference as (output, message).
+    Compared { nan: bool, differences: Vec<(String, String)> },
 }
 
 /// One access-log line (every failure, a sample of the rest), with sidecar.serving.telemetry's fields.
@@ -123,6 +150,7 @@ impl Events {
             | Event::GrpcPanic { .. }
             | Event::StreamEnded { .. }
             | Event::Recorded { .. }
+            | Event::ShadowEnded { .. }
             | Event::Repository { .. } => true,
             // An access-log line (every failure, a sample of the rest: Python writes each one anyway)
             // is written as the request ends, not a tick later.
@@ -149,8 +177,10 @@ impl Events {
             }
         }
         if queue.len() >= MAX_QUEUED {
-            // The oldest event goes, but never a repository call's end: a heal waits for it.
-            if let Some(oldest) = queue.iter().position(|e| !matches!(e, Event::Repository { .. })) {
+            // The oldest event goes, but never a repository call's end (a heal waits for it) nor a
+            // shadow's (its place among the shadows is given back when it is drained).
+            let kept = |e: &Event| matches!(e, Event::Repository { .. } | Event::ShadowEnded { .. });
+            if let Some(oldest) = queue.iter().position(|e| !kept(e)) {
                 queue.remove(oldest);
             }
         }

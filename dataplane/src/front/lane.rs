@@ -15,7 +15,8 @@ use crate::serving::validation::validate_infer_request;
 
 use super::events::{AccessRecord, Event};
 use super::reply::{json_value, refusal, Reply};
-use super::state::{Breaker, Lane};
+use super::shadow;
+use super::state::{Breaker, Lane, Routed};
 use super::tracing::RequestSpan;
 use super::upstream::{Answer, Failure};
 use super::Shared;
@@ -23,11 +24,14 @@ use super::Shared;
 /// One request the connection read in full.
 pub struct Infer {
     pub model: String,
-    /// The version the request goes to: the one the client pinned (path or `x-model-version`), or
-    /// the fallback Python chose while Triton's choice is not trusted; "" for none: Triton picks.
+    /// The version the request goes to: the one the client pinned (path or `x-model-version`), a
+    /// rollout's pick, or the fallback Python chose while the version reached is not trusted; ""
+    /// for none: Triton picks.
     pub version: String,
-    /// `version` is the model's fallback (routing.FALLBACK), not a pin.
-    pub fallback: bool,
+    /// Why it goes to `version` (routing.Router.route's reason).
+    pub routed: Routed,
+    /// The model's rollout when it is in one: the answer is its evidence, and may be shadowed.
+    pub rollout: Option<Arc<crate::serving::rollouts::Route>>,
     /// The model's lane, or the pinned version's (its spec and hidden outputs).
     pub lane: Arc<Lane>,
     pub request_id: String,
@@ -176,7 +180,7 @@ where
     }
 }
 
-async fn answer(shared: &Shared, request: &mut Infer) -> Reply {
+async fn answer(shared: &Arc<Shared>, request: &mut Infer) -> Reply {
     shared.injected_panic.strike(&request.model);
     routed(shared, request);
     match admitted(shared, request).await {
@@ -206,16 +210,8 @@ async fn answer(shared: &Shared, request: &mut Infer) -> Reply {
     request.span.phase("breaker wait");
     let _at_triton = AtTriton::new(shared, model);
     let path = triton_path(model, &request.version, "infer");
-    let content_type = if request.header_length.is_some() { "application/octet-stream" } else { "application/json" };
     let header_length = request.header_length.map(|h| h.to_string());
-    let mut headers: Vec<(&str, &str)> = vec![
-        ("x-request-id", request.request_id.as_str()),
-        ("accept-encoding", "identity"),
-        ("content-type", content_type),
-    ];
-    if let Some(h) = &header_length {
-        headers.push(("inference-header-content-length", h.as_str()));
-    }
+    let mut headers = infer_headers(&request.request_id, header_length.as_deref());
     if let Some(v) = &request.traceparent {
         headers.push(("traceparent", v.as_str()));
     }
@@ -223,16 +219,24 @@ async fn answer(shared: &Shared, request: &mut Infer) -> Reply {
         headers.push(("tracestate", v.as_str()));
     }
     let call = shared.upstream.post(&path, &headers, request.body.clone());
+    let sent = Instant::now();
     let outcome = match unless_quarantined(shared, model, &request.version, call).await {
         Ok(outcome) => outcome,
         Err(ended) => return ended,
     };
     drop(permit);
     request.span.phase("upstream call");
+    let latency = sent.elapsed();
     match outcome {
         Ok(answer) => {
+            // A rollout's served answer as Triton gave it (hidden outputs too): what a shadow's is
+            // compared with. A clone of the body's handle, not of its bytes.
+            let served = request.rollout.as_ref().map(|_| shadow::Served::of(&answer));
             let reply = screen(shared, request, answer);
             request.span.phase("screening");
+            if let Some(served) = served {
+                shadow::after_answer(shared, request, latency, reply.status, served);
+            }
             if reply.status == 200 && shared.drift.wants(model, random_share) {
                 // The answer as it leaves (hidden outputs removed), as the Python chain measured it.
                 let answer = (&reply.body[..], reply.header_length.map(|h| h as i64));
@@ -244,8 +248,23 @@ async fn answer(shared: &Shared, request: &mut Infer) -> Reply {
             }
             reply
         }
-        Err(failure) => upstream_refusal(shared, model, failure),
+        Err(failure) => {
+            shadow::answered(shared, request, latency, true);
+            upstream_refusal(shared, model, failure)
+        }
     }
+}
+
+/// The headers of an infer call to Triton: the request id, no compression back, and the body's
+/// type (`header_length`: the binary extension's JSON header length, as text).
+pub(super) fn infer_headers<'a>(request_id: &'a str, header_length: Option<&'a str>) -> Vec<(&'a str, &'a str)> {
+    let content_type = if header_length.is_some() { "application/octet-stream" } else { "application/json" };
+    let mut headers =
+        vec![("x-request-id", request_id), ("accept-encoding", "identity"), ("content-type", content_type)];
+    if let Some(h) = header_length {
+        headers.push(("inference-header-content-length", h));
+    }
+    headers
 }
 
 /// A uniform draw in [0, 1), for the lanes' samples (access log, drift).
@@ -319,19 +338,17 @@ pub(super) fn triton_path(model: &str, version: &str, endpoint: &str) -> String 
     }
 }
 
-/// A pinned or fallback request counted in routed_total{reason} before admission, as
+/// A pinned, split or fallback request counted in routed_total{reason} before admission, as
 /// ServingCore.infer counts its route (infer and generate; a stream is not routed). Only loaded
 /// versions are published, so the version is its own label (never "other").
 pub(super) fn routed(shared: &Shared, request: &Infer) {
-    routed_to(shared, &request.model, &request.version, request.fallback);
+    routed_to(shared, &request.model, &request.version, request.routed);
 }
 
-/// `routed` for a request to `version` of `model` over any wire (`fallback`: the version is the
-/// model's fallback, not a pin).
-pub(super) fn routed_to(shared: &Shared, model: &str, version: &str, fallback: bool) {
-    if !version.is_empty() {
-        let reason = if fallback { "fallback" } else { "pinned" };
-        shared.metrics.routed.inc(&[model, version, reason]);
+/// `routed` for a request to `version` of `model` over any wire.
+pub(super) fn routed_to(shared: &Shared, model: &str, version: &str, routed: Routed) {
+    if routed != Routed::Default && !version.is_empty() {
+        shared.metrics.routed.inc(&[model, version, routed.label()]);
     }
 }
 

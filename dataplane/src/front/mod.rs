@@ -29,6 +29,7 @@ pub mod grpc;
 pub mod lane;
 pub mod reply;
 pub mod settings;
+pub mod shadow;
 pub mod span_records;
 pub mod state;
 pub mod tls;
@@ -76,6 +77,8 @@ pub struct Shared {
     pub handovers: AtomicU64,
     pub fast_requests: AtomicU64,
     pub in_flight: AtomicUsize,
+    /// Shadow calls started and not yet heard by Python (front/shadow.rs): the cap's count.
+    pub shadows: AtomicUsize,
     /// Requests held for a heal now, per model (front/admission.rs): Python's `Admission.holding`
     /// adds these to its own. Not a /metrics family (the Python chain has none).
     pub holding: GaugeFamily,
@@ -151,6 +154,7 @@ impl Shared {
             handovers: AtomicU64::new(0),
             fast_requests: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            shadows: AtomicUsize::new(0),
             holding: GaugeFamily::default(),
             watchdog: Watchdog::default(),
             injected_panic: InjectedPanic::default(),
@@ -307,6 +311,7 @@ pub(crate) fn shared_for_tests(
         hold_during_heal,
         hold_while_suspect,
         access_log_sample_rate: 0.0,
+        max_shadow_in_flight: 2,
         watchdog_stall: Duration::from_secs(60),
     };
     let metrics = Arc::new(crate::metrics::request::RequestMetrics::new(vec![0.1, 1.0], vec![1.0, 10.0]));

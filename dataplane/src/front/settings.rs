@@ -30,6 +30,8 @@ pub struct Settings {
     /// being confirmed waits for the verdict (zero: served at once, as a trusted model's).
     pub hold_while_suspect: Duration,
     pub access_log_sample_rate: f64,
+    /// proxy.max_shadow_in_flight: a rollout's shadow calls at once (front/shadow.rs).
+    pub max_shadow_in_flight: usize,
     /// liveness.watchdog_stall_s: the control plane silent for longer than this fails /healthz and
     /// /readyz on the front itself (`watchdog`).
     pub watchdog_stall: Duration,

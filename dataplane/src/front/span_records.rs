@@ -83,8 +83,8 @@ pub struct Record {
     pub model: String,
     /// The version the request went to (the client's pin, or the fallback), "" for none.
     pub version: String,
-    /// `version` is the model's fallback (routing reason "fallback"), not a pin.
-    pub fallback: bool,
+    /// Why it went there (routing.Router.route's reason).
+    pub routed: super::state::Routed,
     pub request_id: String,
     pub body_bytes: usize,
     pub events: Vec<Noted>,
@@ -102,8 +102,7 @@ impl Record {
     fn span_data(self, scope: &InstrumentationScope) -> SpanData {
         let (routed, version) = match self.version.as_str() {
             "" => ("default", None),
-            _ if self.fallback => ("fallback", Some(KeyValue::new("sidecar.model.version", self.version))),
-            _ => ("pinned", Some(KeyValue::new("sidecar.model.version", self.version))),
+            _ => (self.routed.label(), Some(KeyValue::new("sidecar.model.version", self.version))),
         };
         let mut attributes = Vec::with_capacity(12);
         attributes.push(KeyValue::new("sidecar.model", self.model));
@@ -453,6 +452,7 @@ mod tests {
 
     use super::*;
     use crate::front::generate::Endpoint;
+    use crate::front::state::Routed;
 
     /// What the span thread exported, kept for the test: each batch, and whether it was shut down.
     #[derive(Debug, Default)]
@@ -495,7 +495,7 @@ mod tests {
             opened,
             model: "m".to_owned(),
             version: version.to_owned(),
-            fallback: false,
+            routed: if version.is_empty() { Routed::Default } else { Routed::Pinned },
             request_id: format!("r{n}"),
             body_bytes: 10,
             events: vec![Noted {

@@ -10,10 +10,36 @@ use bytes::Bytes;
 use tokio::sync::Semaphore;
 
 use crate::serving::generation::GenerateLimits;
+use crate::serving::rollouts::{cohort_bucket, Route};
 use crate::serving::validation::RequestSpec;
 
-/// One model the lane serves on its own: its spec fetched, no rollout or live recording (those
-/// still go to the Python chain). Whether a request to it is served now, held or refused is
+/// Why a request goes to the version it does (sidecar.serving.routing's reasons): the
+/// `routed_total{reason}` label and the span's `sidecar.routing.reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routed {
+    /// Unpinned, no rollout, Triton's choice trusted: sent unversioned (not counted).
+    Default,
+    /// The client named the version (path, `x-model-version`, gRPC `model_version`).
+    Pinned,
+    /// A rollout's step sent it to stable or the candidate.
+    Split,
+    /// The version it would reach is not trusted: another the golden cases vouch for.
+    Fallback,
+}
+
+impl Routed {
+    pub fn label(self) -> &'static str {
+        match self {
+            Routed::Default => "default",
+            Routed::Pinned => "pinned",
+            Routed::Split => "split",
+            Routed::Fallback => "fallback",
+        }
+    }
+}
+
+/// One model the lane serves on its own: its spec fetched (a model in a rollout too: its route is
+/// the snapshot's `rollouts`). Whether a request to it is served now, held or refused is
 /// its `Guard`'s and `Ended`'s (front/admission.rs).
 pub struct Lane {
     pub spec: RequestSpec,
@@ -150,6 +176,9 @@ pub struct Snapshot {
     /// What the v2 document routes need (front/documents.rs); None before Python's first publish
     /// of it: those that need it are forwarded.
     pub documents: Option<std::sync::Arc<super::documents::Documents>>,
+    /// The models in a version rollout, as they route now (HTTP infer routes by it; a rollout
+    /// model's generate and gRPC ModelInfer are still the Python chain's).
+    pub rollouts: HashMap<String, std::sync::Arc<Route>>,
 }
 
 impl Snapshot {
@@ -168,14 +197,33 @@ impl Snapshot {
         self.guards.get(model).is_some_and(|guard| guard.suspect)
     }
 
-    /// The version a unary request to the model goes to (routing.Router.route without a rollout: a
-    /// model in one is no lane): the client's pin, else the fallback Python chose while Triton's
-    /// choice is not trusted, else "" (Triton's choice); true when it is the fallback.
-    pub fn route<'a>(&'a self, model: &str, pinned: &'a str) -> (&'a str, bool) {
-        match self.guards.get(model) {
-            Some(guard) if pinned.is_empty() && !guard.fallback.is_empty() => (guard.fallback.as_str(), true),
-            _ => (pinned, false),
+    /// The version a unary request to the model goes to, and why (routing.Router.route): the
+    /// client's pin; else, in a rollout, stable or the candidate by the cohort's bucket (`cohort`:
+    /// the value of the rollout's cohort_key header, "" for a uniform draw) and the step's share;
+    /// else Triton's choice (""); either of the last two replaced by the fallback Python chose
+    /// while the version it reaches is not trusted.
+    pub fn route<'a>(&'a self, model: &str, pinned: &'a str, cohort: &str) -> (&'a str, Routed) {
+        if !pinned.is_empty() {
+            return (pinned, Routed::Pinned);
         }
+        if let Some(rollout) = self.rollouts.get(model) {
+            let bucket = if cohort.is_empty() { super::lane::random_share() } else { cohort_bucket(model, cohort) };
+            let version = rollout.pick(bucket);
+            let fallback = rollout.fallback(version);
+            if !fallback.is_empty() && !self.trusts(model, version) {
+                return (fallback, Routed::Fallback);
+            }
+            return (version, Routed::Split);
+        }
+        match self.guards.get(model) {
+            Some(guard) if !guard.fallback.is_empty() => (guard.fallback.as_str(), Routed::Fallback),
+            _ => ("", Routed::Default),
+        }
+    }
+
+    /// The header whose value picks a rollout model's version ("" for none).
+    pub fn cohort_key(&self, model: &str) -> &str {
+        self.rollouts.get(model).map(|r| r.cohort_key.as_str()).unwrap_or("")
     }
 
     /// Trusted or untrusted as a whole (not quarantined for some versions alone): a stream the
@@ -249,11 +297,44 @@ mod tests {
     #[test]
     fn an_unpinned_request_goes_to_the_fallback_and_a_pin_stays_the_client_s() {
         let mut snapshot = Snapshot::default();
-        assert_eq!(snapshot.route("m", ""), ("", false), "not guarded: Triton's choice");
+        assert_eq!(snapshot.route("m", "", ""), ("", Routed::Default), "not guarded: Triton's choice");
         snapshot.guards.insert("m".into(), Guard::default());
-        assert_eq!(snapshot.route("m", "2"), ("2", false));
+        assert_eq!(snapshot.route("m", "2", ""), ("2", Routed::Pinned));
         snapshot.guards.insert("m".into(), Guard { fallback: "1".into(), ..Guard::default() });
-        assert_eq!(snapshot.route("m", ""), ("1", true));
-        assert_eq!(snapshot.route("m", "2"), ("2", false), "a pin is never rerouted");
+        assert_eq!(snapshot.route("m", "", ""), ("1", Routed::Fallback));
+        assert_eq!(snapshot.route("m", "2", ""), ("2", Routed::Pinned), "a pin is never rerouted");
+    }
+
+    #[test]
+    fn a_rollout_splits_by_the_cohort_s_bucket_and_falls_back_from_an_untrusted_pick() {
+        use crate::serving::rollouts::Tolerance;
+        let mut snapshot = Snapshot::default();
+        snapshot.guards.insert("m".into(), Guard::default());
+        let mut route = Route {
+            stable: "1".into(),
+            candidate: "2".into(),
+            share: 0.5,
+            cohort_key: "x-user".into(),
+            shadow_rate: 0.0,
+            fallbacks: HashMap::from([("2".to_owned(), "1".to_owned())]),
+            tolerance: Tolerance { atol: 0.0, rtol: 0.0 },
+            tolerances: HashMap::new(),
+        };
+        snapshot.rollouts.insert("m".into(), std::sync::Arc::new(route.clone()));
+        // cohort_bucket("m", "user-1") is 0.337: below the share, the candidate; every time.
+        for _ in 0..3 {
+            assert_eq!(snapshot.route("m", "", "user-1"), ("2", Routed::Split));
+        }
+        assert_eq!(snapshot.route("m", "1", "user-1"), ("1", Routed::Pinned));
+        route.share = 0.0;
+        snapshot.rollouts.insert("m".into(), std::sync::Arc::new(route));
+        assert_eq!(snapshot.route("m", "", ""), ("1", Routed::Split), "aborted or gating: stable");
+        assert_eq!(snapshot.cohort_key("m"), "x-user");
+        // The candidate quarantined alone: its pick goes to its fallback.
+        snapshot.ended.insert("m".into(), std::sync::Arc::new(ended(Some(&["2"]))));
+        let mut half = (*snapshot.rollouts["m"]).clone();
+        half.share = 1.0;
+        snapshot.rollouts.insert("m".into(), std::sync::Arc::new(half));
+        assert_eq!(snapshot.route("m", "", "user-1"), ("1", Routed::Fallback));
     }
 }

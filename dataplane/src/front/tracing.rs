@@ -217,7 +217,7 @@ impl Tracing {
             opened: clock,
             model: opened.model.to_owned(),
             version: opened.version.to_owned(),
-            fallback: opened.fallback,
+            routed: opened.routed,
             request_id: opened.request_id.to_owned(),
             body_bytes: opened.body_bytes,
             events: Vec::with_capacity(6),
@@ -390,10 +390,10 @@ pub struct Opened<'a> {
     pub route: Route,
     pub model: &'a str,
     /// The version the request goes to ("" = none: Triton's default): the client's pin, or the
-    /// fallback while Triton's choice is not trusted (a model in a rollout is Python's).
+    /// fallback while Triton's choice is not trusted, or a rollout's pick.
     pub version: &'a str,
-    /// `version` is the fallback, not a pin.
-    pub fallback: bool,
+    /// Why the request goes to `version` (pinned, split, fallback; default for "").
+    pub routed: super::state::Routed,
     pub request_id: &'a str,
     pub body_bytes: usize,
     /// When the request's head was read: the span covers the body's reading too.
@@ -835,7 +835,7 @@ mod tests {
             route: Route::Http(Endpoint::Infer),
             model: "m",
             version: "",
-            fallback: false,
+            routed: crate::front::state::Routed::Default,
             request_id: "r",
             body_bytes: 0,
             started: Instant::now(),

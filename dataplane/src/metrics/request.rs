@@ -19,6 +19,9 @@ pub struct RequestMetrics {
     pub outputs_filtered: CounterFamily,
     /// triton_sidecar_routed_total{model, version, reason}
     pub routed: CounterFamily,
+    /// triton_sidecar_shadow_dropped_total{model}: shadow calls not made, proxy.max_shadow_in_flight
+    /// running (either half's: the lane's, front/shadow.rs, and the Python chain's).
+    pub shadow_dropped: CounterFamily,
     /// triton_sidecar_proxy_quarantined_total{model, outcome}: requests to a model whose answers were
     /// not trusted when they came (rejected, held_*, suspect_*, ended_at_triton), counted by the
     /// admission of whichever front took them (sidecar/serving/admission.py, front/admission.rs).
@@ -61,6 +64,7 @@ impl RequestMetrics {
             internal_errors: CounterFamily::default(),
             outputs_filtered: CounterFamily::default(),
             routed: CounterFamily::default(),
+            shadow_dropped: CounterFamily::default(),
             quarantined: CounterFamily::default(),
             in_flight: GaugeFamily::default(),
             queued: GaugeFamily::default(),

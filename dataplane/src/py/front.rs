@@ -19,7 +19,7 @@ use std::os::fd::IntoRawFd;
 use std::os::unix::net::UnixStream;
 
 use crate::front::documents::{Documents, Guarded};
-use crate::front::events::{Event, Events};
+use crate::front::events::{Event, Events, ShadowOutcome};
 use crate::front::grpc::channel::Channel;
 use crate::front::grpc::keepalive::PingPolicy;
 use crate::front::grpc::{self, repository, GrpcFront, GrpcSettings};
@@ -29,6 +29,7 @@ use crate::front::tls::{server_config, Terminator, TlsMaterial, ALPN_H2, ALPN_HT
 use crate::front::tracing::{Tracing, TracingSettings};
 use crate::front::upstream::Upstream;
 use crate::front::{accept_loop, Shared};
+use crate::serving::rollouts::{Route, Tolerance};
 
 use super::drift::DriftWindows;
 use super::generation::GenerateLimits;
@@ -58,6 +59,9 @@ type VersionTuple<'py> = (String, PyRef<'py, RequestSpec>, Option<Vec<String>>);
 type EndedTuple = (String, u16, Vec<u8>, Option<u64>, String, Vec<u8>, Option<Vec<String>>);
 /// (model, suspect, may be held for a heal, fallback version or ""): every model the sidecar guards.
 type GuardTuple = (String, bool, bool, String);
+/// (model, stable, candidate, the candidate's share now, cohort_key lower-cased or "", shadow rate
+/// now, [(version, its fallback while not trusted)], atol, rtol, [(output, atol, rtol)]).
+type RouteTuple = (String, String, String, f64, String, f64, Vec<(String, String)>, f64, f64, Vec<(String, f64, f64)>);
 /// (path, status, JSON body or empty, Retry-After or None, reason label or "").
 type CannedTuple = (String, u16, Vec<u8>, Option<u64>, String);
 /// ([(model, named by an output filter, its /ready refusal (status, JSON body, Retry-After) or
@@ -198,6 +202,7 @@ impl HttpFront {
             hold_during_heal: secs(get("proxy.hold_during_heal_s")?, "proxy.hold_during_heal_s")?,
             hold_while_suspect: secs(get("proxy.hold_while_suspect_ms")? / 1000.0, "proxy.hold_while_suspect_ms")?,
             access_log_sample_rate: get("logging.access_log_sample_rate")?,
+            max_shadow_in_flight: get("proxy.max_shadow_in_flight")? as usize,
             watchdog_stall: secs(get("liveness.watchdog_stall_s")?, "liveness.watchdog_stall_s")?,
         };
         let address = (host, port)
@@ -447,6 +452,12 @@ impl HttpFront {
         self.shared.open_connections.load(Ordering::Relaxed)
     }
 
+    /// The lanes' shadow calls not yet heard (started, their end not drained): ShadowCalls adds them.
+    #[getter]
+    fn shadows_in_flight(&self) -> usize {
+        self.shared.shadows.load(Ordering::Acquire)
+    }
+
     #[getter]
     fn handovers(&self) -> u64 {
         self.shared.handovers.load(Ordering::Relaxed)
@@ -522,7 +533,9 @@ impl HttpFront {
     /// `guards`: (model, suspect, may be held for a heal, fallback version or "") for every model
     /// the sidecar guards (a lane's model not among them is not served: released).
     /// `documents`: what the v2 document routes need (None: they are forwarded).
-    #[pyo3(signature = (lanes, ended, health = Vec::new(), serving = None, guards = None, documents = None))]
+    /// `rollouts`: each model in a version rollout, as its requests route now.
+    #[pyo3(signature = (lanes, ended, health = Vec::new(), serving = None, guards = None, documents = None, rollouts = Vec::new()))]
+    #[allow(clippy::too_many_arguments)]
     fn publish(
         &self,
         lanes: Vec<LaneTuple<'_>>,
@@ -531,6 +544,7 @@ impl HttpFront {
         serving: Option<Vec<(String, bool)>>,
         guards: Option<Vec<GuardTuple>>,
         documents: Option<DocumentsTuple>,
+        rollouts: Vec<RouteTuple>,
     ) -> PyResult<()> {
         let mut breakers = self.breakers.lock().map_err(|_| PyRuntimeError::new_err("breakers poisoned"))?;
         let capacity = self.shared.settings.max_in_flight_per_model;
@@ -603,6 +617,19 @@ impl HttpFront {
                 extensions: extensions.into_iter().collect(),
             }));
         }
+        for (model, stable, candidate, share, cohort_key, shadow_rate, fallbacks, atol, rtol, tolerances) in rollouts {
+            let route = Route {
+                stable,
+                candidate,
+                share,
+                cohort_key,
+                shadow_rate,
+                fallbacks: fallbacks.into_iter().collect(),
+                tolerance: Tolerance { atol, rtol },
+                tolerances: tolerances.into_iter().map(|(o, atol, rtol)| (o, Tolerance { atol, rtol })).collect(),
+            };
+            snapshot.rollouts.insert(model, Arc::new(route));
+        }
         self.shared.publish(snapshot);
         self.shared.watchdog.control_seen();
         Ok(())
@@ -614,7 +641,9 @@ impl HttpFront {
     /// duration_ms, reason, client_subject, span_id), ("panic", model, message), ("tls_refused", reason,
     /// client_subject, protocol), ("stream_ended", model, reason, events, cause), ("grpc_log", request_id,
     /// trace_id, model, path, code, duration_ms, reason, client_subject, span_id), ("grpc_panic", model,
-    /// request_id, message), ("repository", call, status, code, message), ("recorded", model).
+    /// request_id, message), ("repository", call, status, code, message), ("recorded", model),
+    /// ("rollout_answered", model, version, latency_s, error), ("shadow_ended", model, target,
+    /// latency_s, "failed" | "nothing" | "compared", NaN in the shadow's answer, [(output, message)]).
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.shared.watchdog.control_seen();
         let out = PyList::empty(py);
@@ -664,6 +693,19 @@ impl HttpFront {
                     ("stream_ended", model, reason, events, cause).into_pyobject(py)?
                 }
                 Event::Recorded { model } => ("recorded", model).into_pyobject(py)?,
+                Event::RolloutAnswered { model, version, latency_s, error } => {
+                    ("rollout_answered", model, version, latency_s, error).into_pyobject(py)?
+                }
+                Event::ShadowEnded { model, target, latency_s, outcome } => {
+                    // Heard: its place among the shadows is free from now on.
+                    let _ = self.shared.shadows.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+                    let (kind, nan, differences) = match outcome {
+                        ShadowOutcome::Failed => ("failed", false, Vec::new()),
+                        ShadowOutcome::Nothing => ("nothing", false, Vec::new()),
+                        ShadowOutcome::Compared { nan, differences } => ("compared", nan, differences),
+                    };
+                    ("shadow_ended", model, target, latency_s, kind, nan, differences).into_pyobject(py)?
+                }
                 Event::Repository { call, outcome } => {
                     ("repository", call, outcome.status, outcome.code, outcome.message).into_pyobject(py)?
                 }

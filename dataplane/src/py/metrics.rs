@@ -45,6 +45,11 @@ impl RequestMetrics {
         self.inner.routed.inc(&[model, version, reason]);
     }
 
+    /// A shadow call of `model` not made: proxy.max_shadow_in_flight were running.
+    fn shadow_dropped(&self, model: &str) {
+        self.inner.shadow_dropped.inc(&[model]);
+    }
+
     /// `n` requests to `model` met its quarantine with `outcome` (rejected, held_released, held_timeout,
     /// suspect_released, suspect_refused, suspect_timeout, ended_at_triton).
     #[pyo3(signature = (model, outcome, n = 1))]
@@ -143,6 +148,7 @@ impl RequestMetrics {
             ("internal_errors", &m.internal_errors),
             ("outputs_filtered", &m.outputs_filtered),
             ("routed", &m.routed),
+            ("shadow_dropped", &m.shadow_dropped),
             ("quarantined", &m.quarantined),
             ("connections_refused", &m.connections_refused),
             ("connection_timeouts", &m.connection_timeouts),

@@ -5,4 +5,5 @@ pub mod filtering;
 pub mod generation;
 pub mod refusals;
 pub mod request_rules;
+pub mod rollouts;
 pub mod validation;

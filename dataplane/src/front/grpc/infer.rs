@@ -35,7 +35,7 @@ use prost::Message;
 use crate::front::connection::{panic_message, request_id, trace_id};
 use crate::front::events::{AccessRecord, Event};
 use crate::front::lane::{self, Admitting, AtTriton, InFlight};
-use crate::front::state::Lane;
+use crate::front::state::{Lane, Routed};
 use crate::front::tracing::{Opened, RequestSpan, Route};
 use crate::front::upstream::Failure;
 use crate::protocol::answers;
@@ -67,8 +67,8 @@ struct Call {
     /// The version the request goes to: the one it names, or the model's fallback while Triton's
     /// choice is not trusted ("" = Triton picks).
     version: String,
-    /// `version` is the fallback, not the client's pin.
-    fallback: bool,
+    /// Why it goes to `version` (pinned, fallback; default for "").
+    routed: Routed,
     /// The lane as read when the call came (admission may give it a fresher one).
     lane: Arc<Lane>,
     /// What Triton gets: the client's body as it came (one framed message), or, routed to another
@@ -237,10 +237,13 @@ fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Inst
     }
     let pinned = if request.model_version.is_empty() { header } else { request.model_version.as_str() };
     let snapshot = shared.state.load();
+    if snapshot.rollouts.contains_key(&request.model_name) {
+        return None; // a rollout's split, shadows and evidence on gRPC are still the Python chain's
+    }
     let model_lane = snapshot.lanes.get(&request.model_name)?.clone();
     // A version only when it is loaded and its spec published (as on the HTTP front): any other
     // goes to the Python chain, which fetches its spec or refuses it.
-    let (version, fallback) = snapshot.route(&request.model_name, pinned);
+    let (version, routed) = snapshot.route(&request.model_name, pinned, "");
     let lane = if version.is_empty() { model_lane } else { model_lane.versions.get(version)?.clone() };
     let version = version.to_owned();
     // Triton gets the version the call goes to in the message itself: the fallback's, or the one
@@ -266,7 +269,7 @@ fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Inst
         route: MODEL_INFER_ROUTE,
         model: &request.model_name,
         version: &version,
-        fallback,
+        routed,
         request_id: &request_id,
         body_bytes: body.len(),
         started,
@@ -276,7 +279,7 @@ fn lane_call(front: &GrpcFront, headers: &HeaderMap, body: &Bytes, started: Inst
     Some(Call {
         model: request.model_name.clone(),
         version,
-        fallback,
+        routed,
         lane,
         body,
         request_id,
@@ -324,7 +327,7 @@ async fn answer(front: Arc<GrpcFront>, call: Arc<Call>) -> Outcome {
     let _counted = InFlight::new(shared);
     let model = call.model.as_str();
     shared.injected_panic.strike(model);
-    lane::routed_to(shared, model, &call.version, call.fallback);
+    lane::routed_to(shared, model, &call.version, call.routed);
     // Admission first (ServingCore.infer: route, admit, then the spec it validates against): a call
     // held for a heal goes on with the lane published after it, its spec fetched anew.
     let admitting = Admitting { protocol: "grpc", model, version: &call.version };

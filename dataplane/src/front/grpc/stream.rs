@@ -51,7 +51,7 @@ use crate::front::events::{AccessRecord, Event};
 use crate::front::generate_stream::QUEUE_BATCHES;
 use crate::front::lane::{self, Admitting, InFlight};
 use crate::front::reply::Reply;
-use crate::front::state::{Breaker, Lane};
+use crate::front::state::{Breaker, Lane, Routed};
 use crate::front::tracing::{Opened, RequestSpan, Route};
 use crate::front::upstream::Failure;
 use crate::front::Shared;
@@ -169,7 +169,7 @@ fn stream_call(
         route: ROUTE,
         model,
         version: &request.model_version,
-        fallback: false,
+        routed: if request.model_version.is_empty() { Routed::Default } else { Routed::Pinned },
         request_id: &request_id,
         body_bytes,
         started,

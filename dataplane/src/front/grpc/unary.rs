@@ -289,7 +289,7 @@ async fn respond(
         route: Route::Grpc { service: SERVICE, method: rpc.method, name: rpc.name },
         model: &label,
         version: "",
-        fallback: false,
+        routed: crate::front::state::Routed::Default,
         request_id: &request_id,
         body_bytes: body.len(),
         started,
